@@ -1,0 +1,60 @@
+# shardfleet — `make test` is what CI runs (.ci/run); `make check` is the fast loop.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+BIN       := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+PYTEST    := $(BIN)/pytest
+STAMP     := $(VENV)/.installed
+
+# Test tiers `make test` runs, in order. Files in mk/ add theirs.
+TEST_TIERS := lint unit integration
+
+.PHONY: help deps host-deps venv lint unit integration test check clean bench
+help:
+	@echo "make fleet       build the local container fleet (see README)"
+	@echo "make test        install everything, run every test tier (CI)"
+	@echo "make check       fast loop: lint + unit tests"
+	@echo "make integration real MariaDB/ZooKeeper/Redis/memcached host processes"
+	@echo "make bench       benchmarks (print ratios)"
+
+host-deps:
+	@scripts/bootstrap-host.sh
+
+$(STAMP): requirements-dev.txt pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt -e .
+	@touch $@
+
+venv: $(STAMP)
+deps: host-deps venv
+
+lint: venv
+	$(BIN)/ruff check src tests bench plugins
+	$(BIN)/mypy src/shardfleet
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint --profile production
+
+unit: venv
+	$(PYTEST) -q -m "not integration and not e2e" tests/unit
+
+integration: deps
+	$(PYTEST) -q -m integration tests/integration
+
+check: lint unit
+
+bench: deps
+	$(PY) bench/route_overhead.py
+
+-include mk/*.mk
+
+test: deps
+	@set -e; for t in $(TEST_TIERS); do echo "=== tier: $$t"; $(MAKE) --no-print-directory $$t; done
+	@echo "=== all tiers passed: $(TEST_TIERS)"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

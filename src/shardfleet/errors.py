@@ -1,0 +1,50 @@
+"""The library's exception tree: every error it raises derives from ShardfleetError."""
+
+from __future__ import annotations
+
+
+class ShardfleetError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class InvalidIDError(ShardfleetError, ValueError):
+    """Raised by :mod:`shardfleet.ids` when an ID, or one of its parts, is out of its field."""
+
+
+class SchemaError(ShardfleetError):
+    """Raised when the schema file does not parse or names an unknown type or table."""
+
+
+class MapError(ShardfleetError):
+    """Raised when a shard map is invalid: overlap, out of bounds, missing master, bad JSON."""
+
+
+class ShardNotMappedError(ShardfleetError):
+    """Raised when a shard is not covered by any range of the map."""
+
+
+class MapConflictError(ShardfleetError):
+    """Raised when a compare-and-set write of the map loses against a concurrent writer."""
+
+
+class MapStoreUnavailable(ShardfleetError):
+    """Raised when the map's store (ZooKeeper) cannot be reached and no cached map exists."""
+
+
+class ShardFrozenError(ShardfleetError):
+    """Raised when a write to a frozen shard waited its bounded time and the shard stayed frozen."""
+
+
+class NoOpenShardError(ShardfleetError):
+    """Raised when an object is created without ``near`` and the map has no open range."""
+
+
+class ObjectNotFound(ShardfleetError, KeyError):
+    """Raised when an object ID does not exist (or was deleted) in its shard."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message plain
+        return str(self.args[0]) if self.args else "object not found"
+
+
+class DatabaseError(ShardfleetError):
+    """Raised when a shard's MySQL server refuses or fails a statement the library sent."""

@@ -1,0 +1,270 @@
+"""The shard map: which pair serves which range of shards, and in what state.
+
+The map is the one place ranges are modelled. Its JSON form keeps the post's
+shape, one entry per range, arrays for the bounds::
+
+    {"mod_shard_count": 4096,
+     "ranges": [{"range": [0, 511], "master": "mysql001a:3306",
+                 "standby": "mysql001b:3306", "state": "open"}, ...]}
+
+A bare list of range entries is also accepted on input (mod_shard_count then
+defaults to 4096). ``mod_shard_count`` is the initial shard count that mod-shard
+keys hash over; it is fixed forever once the map exists.
+
+States: ``open`` accepts new objects, ``closed`` serves existing ones (and new
+objects placed near existing ones), ``frozen`` refuses writes during a cutover.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shardfleet import ids
+from shardfleet.errors import MapError, ShardNotMappedError
+
+STATES = ("open", "closed", "frozen")
+DEFAULT_MOD_SHARD_COUNT = 4096
+_HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+_KNOWN_KEYS = {"range", "master", "standby", "state"}
+
+
+@dataclass(frozen=True)
+class ShardRange:
+    """One entry of the map: shards ``first..last`` (inclusive) on one pair.
+
+    ``extra`` keeps any other keys of the entry (for example ``frozen_from``,
+    which an operation in progress sets, or ``rebuild``) so they survive a
+    round trip through the map.
+    """
+
+    first: int
+    last: int
+    master: str
+    standby: str | None = None
+    state: str = "open"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __contains__(self, shard: object) -> bool:
+        return isinstance(shard, int) and self.first <= shard <= self.last
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return (self.first, self.last)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"range": [self.first, self.last], "master": self.master,
+                             "standby": self.standby, "state": self.state}
+        d.update({k: self.extra[k] for k in sorted(self.extra)})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "range") -> ShardRange:
+        if not isinstance(d, dict):
+            raise MapError(f"{where}: an entry must be an object, got {type(d).__name__}")
+        r = d.get("range")
+        if (not isinstance(r, list | tuple) or len(r) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)):
+            raise MapError(f"{where}: 'range' must be [first, last] integers, got {r!r}")
+        extra = {k: v for k, v in d.items() if k not in _KNOWN_KEYS}
+        return cls(r[0], r[1], d.get("master"), d.get("standby"),  # type: ignore[arg-type]
+                   d.get("state", "open"), extra)
+
+    def describe(self) -> str:
+        return (f"[{self.first}, {self.last}] master={self.master} "
+                f"standby={self.standby or '-'} state={self.state}")
+
+
+def _check_range(r: ShardRange, where: str, known_hosts: set[str] | None) -> None:
+    for name, v in (("first", r.first), ("last", r.last)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise MapError(f"{where}: {name} shard {v!r} is not an integer")
+        if not 0 <= v <= ids.MAX_SHARD:
+            raise MapError(f"{where}: {name} shard {v} is out of bounds 0..{ids.MAX_SHARD}")
+    if r.first > r.last:
+        raise MapError(f"{where}: first shard {r.first} is after last shard {r.last}")
+    if not isinstance(r.master, str) or not _HOSTPORT.match(r.master):
+        raise MapError(f"{where}: master {r.master!r} must be 'host:port'")
+    if r.standby is not None:
+        if not isinstance(r.standby, str) or not _HOSTPORT.match(r.standby):
+            raise MapError(f"{where}: standby {r.standby!r} must be 'host:port' or null")
+        if r.standby == r.master:
+            raise MapError(f"{where}: master and standby are the same server {r.master}")
+    if r.state not in STATES:
+        raise MapError(f"{where}: state {r.state!r} is not one of {', '.join(STATES)}")
+    if known_hosts is not None:
+        for host in (r.master, r.standby):
+            if host is not None and host not in known_hosts:
+                raise MapError(f"{where}: server {host} is not a known host")
+
+
+@dataclass(frozen=True)
+class ShardMap:
+    """An immutable, validated map. Build one with :meth:`from_ranges` or :func:`loads`."""
+
+    ranges: tuple[ShardRange, ...]
+    mod_shard_count: int = DEFAULT_MOD_SHARD_COUNT
+    _starts: tuple[int, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def from_ranges(cls, ranges: Iterable[ShardRange | Mapping[str, Any]],
+                    mod_shard_count: int = DEFAULT_MOD_SHARD_COUNT,
+                    known_hosts: Iterable[str] | None = None) -> ShardMap:
+        """Validate and build a map; raises :class:`MapError` naming the first problem."""
+        items = [r if isinstance(r, ShardRange) else ShardRange.from_dict(r, f"ranges[{i}]")
+                 for i, r in enumerate(ranges)]
+        known = set(known_hosts) if known_hosts is not None else None
+        for i, r in enumerate(items):
+            _check_range(r, f"range [{r.first}, {r.last}]" if isinstance(r.first, int)
+                         else f"ranges[{i}]", known)
+        if (not isinstance(mod_shard_count, int) or isinstance(mod_shard_count, bool)
+                or not 1 <= mod_shard_count <= ids.MAX_SHARD + 1):
+            raise MapError(f"mod_shard_count {mod_shard_count!r} is not in 1..{ids.MAX_SHARD + 1}")
+        items.sort(key=lambda r: r.first)
+        for a, b in zip(items, items[1:], strict=False):
+            if b.first <= a.last:
+                raise MapError(f"range [{b.first}, {b.last}] overlaps range [{a.first}, {a.last}]")
+        if not items:
+            raise MapError("the map has no ranges")
+        return cls(tuple(items), mod_shard_count, tuple(r.first for r in items))
+
+    # -- lookups ---------------------------------------------------------
+    def find(self, shard: int) -> ShardRange | None:
+        i = bisect.bisect_right(self._starts, shard) - 1
+        if i >= 0:
+            r = self.ranges[i]
+            if shard <= r.last:
+                return r
+        return None
+
+    def range_for(self, shard: int) -> ShardRange:
+        """The range holding *shard*; raises :class:`ShardNotMappedError` if none does."""
+        r = self.find(shard)
+        if r is None:
+            raise ShardNotMappedError(f"shard {shard} is not in any range of the map")
+        return r
+
+    def open_ranges(self) -> list[ShardRange]:
+        return [r for r in self.ranges if r.state == "open"]
+
+    def servers(self) -> set[str]:
+        return {h for r in self.ranges for h in (r.master, r.standby) if h}
+
+    def ranges_of(self, server: str) -> list[ShardRange]:
+        """Ranges whose master or standby is *server*."""
+        return [r for r in self.ranges if server in (r.master, r.standby)]
+
+    def mod_shard(self, key: str | bytes) -> int:
+        """The shard a mod-shard key lives on: md5 (big-endian) mod the initial shard count."""
+        import hashlib
+
+        raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        return int.from_bytes(hashlib.md5(raw).digest(), "big") % self.mod_shard_count
+
+    # -- edits (each returns a new, validated map) -----------------------
+    def merge(self, ranges: Iterable[ShardRange], known_hosts: Iterable[str] | None = None
+              ) -> ShardMap:
+        """Add *ranges*; an entry with the same bounds as an existing one replaces it."""
+        new = {r.bounds: r for r in self.ranges}
+        for r in ranges:
+            new[r.bounds] = r
+        return ShardMap.from_ranges(new.values(), self.mod_shard_count, known_hosts)
+
+    def remove(self, bounds: Iterable[tuple[int, int]]) -> ShardMap:
+        """Remove the ranges with exactly these bounds (unknown bounds are an error)."""
+        drop = set(bounds)
+        missing = drop - {r.bounds for r in self.ranges}
+        if missing:
+            raise MapError("no range with bounds " + ", ".join(f"[{a}, {b}]" for a, b in
+                                                              sorted(missing)))
+        return ShardMap.from_ranges([r for r in self.ranges if r.bounds not in drop],
+                                    self.mod_shard_count)
+
+    def replace_range(self, old: ShardRange, *new: ShardRange) -> ShardMap:
+        """Replace the entry *old* (matched by bounds) by *new* entries."""
+        if old.bounds not in {r.bounds for r in self.ranges}:
+            raise MapError(f"no range with bounds [{old.first}, {old.last}]")
+        rest = [r for r in self.ranges if r.bounds != old.bounds]
+        return ShardMap.from_ranges(rest + list(new), self.mod_shard_count)
+
+    def with_state(self, bounds: tuple[int, int], state: str) -> ShardMap:
+        r = next((x for x in self.ranges if x.bounds == bounds), None)
+        if r is None:
+            raise MapError(f"no range with bounds [{bounds[0]}, {bounds[1]}]")
+        return self.replace_range(r, replace(r, state=state))
+
+    # -- serialisation ---------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"mod_shard_count": self.mod_shard_count,
+                "ranges": [r.to_dict() for r in self.ranges]}
+
+    def dumps(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    def to_bytes(self) -> bytes:
+        return self.dumps().encode("utf-8")
+
+    def table(self) -> str:
+        """A fixed-width table of the ranges, for people."""
+        rows = [("RANGE", "SHARDS", "MASTER", "STANDBY", "STATE")]
+        for r in self.ranges:
+            rows.append((f"{r.first}-{r.last}", str(r.size), r.master, r.standby or "-", r.state))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                         for row in rows)
+
+
+def from_obj(data: Any, known_hosts: Iterable[str] | None = None) -> ShardMap:
+    """Build a map from its parsed JSON (the object form or a bare list of ranges)."""
+    if isinstance(data, list):
+        return ShardMap.from_ranges(data, known_hosts=known_hosts)
+    if isinstance(data, dict):
+        if "ranges" not in data:
+            raise MapError("the map object has no 'ranges' list")
+        if not isinstance(data["ranges"], list):
+            raise MapError("'ranges' must be a list")
+        unknown = set(data) - {"ranges", "mod_shard_count"}
+        if unknown:
+            raise MapError(f"unknown map keys: {', '.join(sorted(unknown))}")
+        return ShardMap.from_ranges(data["ranges"],
+                                    data.get("mod_shard_count", DEFAULT_MOD_SHARD_COUNT),
+                                    known_hosts)
+    raise MapError(f"a map must be a JSON object or list, got {type(data).__name__}")
+
+
+def loads(text: str | bytes, known_hosts: Iterable[str] | None = None) -> ShardMap:
+    """Parse and validate a map's JSON; raises :class:`MapError`."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MapError(f"the map is not valid JSON: {exc}") from None
+    return from_obj(data, known_hosts)
+
+
+def diff(before: ShardMap | None, after: ShardMap | None) -> list[str]:
+    """A readable list of changes between two maps: ``- old``, ``+ new``, ``~ changed``."""
+    b = {r.bounds: r for r in (before.ranges if before else ())}
+    a = {r.bounds: r for r in (after.ranges if after else ())}
+    lines: list[str] = []
+    for bounds in sorted(set(a) | set(b)):
+        old, new = b.get(bounds), a.get(bounds)
+        if old is None and new is not None:
+            lines.append(f"+ {new.describe()}")
+        elif new is None and old is not None:
+            lines.append(f"- {old.describe()}")
+        elif old != new and old is not None and new is not None:
+            changes = [f"{k}: {getattr(old, k)} -> {getattr(new, k)}"
+                       for k in ("master", "standby", "state", "extra")
+                       if getattr(old, k) != getattr(new, k)]
+            lines.append(f"~ [{bounds[0]}, {bounds[1]}] " + "; ".join(changes))
+    if before and after and before.mod_shard_count != after.mod_shard_count:
+        lines.append(f"~ mod_shard_count: {before.mod_shard_count} -> {after.mod_shard_count}")
+    return lines
