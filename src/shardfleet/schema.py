@@ -216,7 +216,8 @@ def parse_schema(data: Any, source: str = "<schema>") -> Schema:
             raise SchemaError(f"{source}: mapping {name!r} is not named noun_verb_noun")
         for end in ("from", "to"):
             if m.get(end) not in names:
-                raise SchemaError(f"{source}: mapping {name!r} {end} {m.get(end)!r} is not an object type")
+                raise SchemaError(
+                    f"{source}: mapping {name!r} {end} {m.get(end)!r} is not an object type")
         claim(name)
         mappings.append(Mapping(name, m["from"], m["to"]))
     lookups: list[Lookup] = []

@@ -1,0 +1,279 @@
+"""Where the shard map lives: a backend interface, ZooKeeper and in-memory implementations.
+
+Every write is a compare-and-set on the stored version and validates the map
+before anything is sent. Watches follow kazoo ``DataWatch`` semantics: the
+callback runs once at once with the current map, then again on each new
+version, and the watch survives session loss (kazoo re-arms it).
+
+Layout in ZooKeeper, under a configurable root (default ``/shardfleet``)::
+
+    /shardfleet/<cluster>/map         the map's JSON (one znode per cluster)
+    /shardfleet/<cluster>/ops/...     journals and locks of operations in progress
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shardfleet import shardmap
+from shardfleet.errors import MapConflictError, MapError, MapStoreUnavailable
+from shardfleet.shardmap import ShardMap
+
+log = logging.getLogger(__name__)
+
+NO_NODE = -1  # expected version meaning "the map does not exist yet"
+MapCallback = Callable[[ShardMap | None, int], None]
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A map with the store version it was read at (``NO_NODE`` when absent)."""
+
+    map: ShardMap | None
+    version: int
+
+
+class MapStore(Protocol):
+    """The backend interface of the shard map."""
+
+    def read(self) -> Versioned:
+        """The current map and version; raises MapStoreUnavailable, MapError."""
+
+    def write(self, new: ShardMap, expected_version: int) -> int:
+        """Store *new* if the stored version is still *expected_version*; return the new version.
+
+        Raises MapConflictError if another writer got there first.
+        """
+
+    def watch(self, callback: MapCallback) -> None:
+        """Call *callback(map, version)* now and on every change."""
+
+    def close(self) -> None: ...
+
+
+class MemoryMapStore:
+    """An in-process store with the same semantics, for unit tests."""
+
+    def __init__(self, initial: ShardMap | None = None) -> None:
+        self._lock = threading.Lock()
+        self._data: bytes | None = initial.to_bytes() if initial else None
+        self._version = 0 if initial else NO_NODE
+        self._watchers: list[MapCallback] = []
+        self.available = True
+
+    def _check(self) -> None:
+        if not self.available:
+            raise MapStoreUnavailable("memory map store is marked unavailable")
+
+    def read(self) -> Versioned:
+        self._check()
+        with self._lock:
+            data, version = self._data, self._version
+        return Versioned(shardmap.loads(data) if data is not None else None, version)
+
+    def write(self, new: ShardMap, expected_version: int) -> int:
+        self._check()
+        data = shardmap.loads(new.to_bytes()).to_bytes()  # validate the serialised form
+        with self._lock:
+            if expected_version != self._version:
+                raise MapConflictError(
+                    f"map version is {self._version}, expected {expected_version}")
+            self._data = data
+            self._version += 1
+            version, watchers = self._version, list(self._watchers)
+        for cb in watchers:
+            cb(new, version)
+        return version
+
+    def watch(self, callback: MapCallback) -> None:
+        with self._lock:
+            self._watchers.append(callback)
+        if self.available:  # like ZooKeeper's: an absent store delivers later, not an error
+            v = self.read()
+            callback(v.map, v.version)
+
+    def close(self) -> None:
+        self._watchers.clear()
+
+
+class ZooKeeperMapStore:
+    """The shard map in ZooKeeper (kazoo).
+
+    *hosts* is a kazoo host string (``"127.0.0.1:2181,10.0.0.2:2181"``). *auth* is
+    ``("user", "password")`` for the digest scheme; when given, znodes this store
+    creates get an ACL that lets that user do everything and *read_acl_world*
+    lets anyone read. The client keeps reconnecting in the background after a
+    failed start, so a watch set while ZooKeeper is away fires once it is back.
+    """
+
+    def __init__(self, hosts: str, cluster: str = "default", *, root: str = "/shardfleet",
+                 auth: tuple[str, str] | None = None, timeout: float = 5.0,
+                 read_acl_world: bool = True) -> None:
+        from kazoo.client import KazooClient
+        from kazoo.retry import KazooRetry
+
+        if not cluster or "/" in cluster:
+            raise MapError(f"cluster name {cluster!r} must be non-empty and have no '/'")
+        self.root = "/" + root.strip("/")
+        self.cluster = cluster
+        self.path = f"{self.root}/{cluster}/map"
+        self.ops_path = f"{self.root}/{cluster}/ops"
+        self.timeout = timeout
+        self._auth = auth
+        self._read_acl_world = read_acl_world
+        auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
+        self.client = KazooClient(
+            hosts=hosts, timeout=max(timeout, 4.0), auth_data=auth_data,
+            connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
+            command_retry=KazooRetry(max_tries=2, max_delay=1.0),
+        )
+        self._started = threading.Event()
+        self._start()
+
+    def _start(self) -> None:
+        event = self.client.start_async()
+        event.wait(self.timeout)
+        if not self.client.connected:
+            log.warning("ZooKeeper at %s did not answer within %.1fs; retrying in background",
+                        self.client.hosts, self.timeout)
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.client.connected)
+
+    def acl(self) -> list[Any] | None:
+        """The ACL for znodes this store creates (None: ZooKeeper's open default)."""
+        if not self._auth:
+            return None
+        from kazoo.security import ACL, Id, Permissions, make_digest_acl
+
+        acl = [make_digest_acl(self._auth[0], self._auth[1], all=True)]
+        if self._read_acl_world:
+            acl.append(ACL(Permissions.READ, Id("world", "anyone")))
+        return acl
+
+    def _wait(self, async_result: Any, what: str) -> Any:
+        if not self.client.connected:
+            raise MapStoreUnavailable(f"ZooKeeper at {self.client.hosts} is unreachable ({what})")
+        try:
+            return async_result.get(timeout=self.timeout)
+        except self.client.handler.timeout_exception:
+            raise MapStoreUnavailable(
+                f"ZooKeeper at {self.client.hosts} did not answer within {self.timeout}s "
+                f"({what})") from None
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+
+        return (ConnectionLoss, SessionExpiredError)
+
+    def read_raw(self, path: str) -> tuple[bytes | None, int]:
+        """Read any znode: (data, version), (None, NO_NODE) when absent."""
+        from kazoo.exceptions import NoAuthError, NoNodeError
+
+        try:
+            data, stat = self._wait(self.client.get_async(path), f"read {path}")
+        except NoNodeError:
+            return None, NO_NODE
+        except NoAuthError:
+            raise MapStoreUnavailable(f"ZooKeeper refused to read {path}: not authorised") from None
+        except self._errors() as exc:
+            raise MapStoreUnavailable(f"ZooKeeper connection lost reading {path}: {exc}") from None
+        return data, stat.version
+
+    def write_raw(self, path: str, data: bytes, expected_version: int) -> int:
+        """Compare-and-set any znode (create when *expected_version* is NO_NODE)."""
+        from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
+
+        try:
+            if expected_version == NO_NODE:
+                self._ensure_parent(path)
+                self._wait(self.client.create_async(path, data, acl=self.acl()), f"create {path}")
+                return 0
+            stat = self._wait(self.client.set_async(path, data, version=expected_version),
+                              f"write {path}")
+            return int(stat.version)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            cur = self.read_raw(path)[1]
+            raise MapConflictError(f"{path} is at version {cur}, expected {expected_version}: "
+                                   "another writer changed it; read it again") from None
+        except NoAuthError:
+            raise MapStoreUnavailable(
+                f"ZooKeeper refused to write {path}: not authorised (check the credential)"
+            ) from None
+        except self._errors() as exc:
+            raise MapStoreUnavailable(f"ZooKeeper connection lost writing {path}: {exc}") from None
+
+    def delete_raw(self, path: str, expected_version: int = -1) -> None:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        try:
+            self._wait(self.client.delete_async(path, version=expected_version), f"delete {path}")
+        except NoNodeError:
+            return
+        except BadVersionError:
+            raise MapConflictError(f"{path} changed while deleting it") from None
+
+    def _ensure_parent(self, path: str) -> None:
+        from kazoo.exceptions import NodeExistsError
+
+        parent = path.rsplit("/", 1)[0]
+        parts = [p for p in parent.split("/") if p]
+        cur = ""
+        for p in parts:
+            cur += "/" + p
+            if self._wait(self.client.exists_async(cur), f"exists {cur}") is None:
+                try:
+                    self._wait(self.client.create_async(cur, b"", acl=self.acl()),
+                               f"create {cur}")
+                except NodeExistsError:
+                    pass
+
+    # -- MapStore --------------------------------------------------------
+    def read(self) -> Versioned:
+        data, version = self.read_raw(self.path)
+        if data is None:
+            return Versioned(None, NO_NODE)
+        return Versioned(shardmap.loads(data), version)
+
+    def write(self, new: ShardMap, expected_version: int) -> int:
+        data = new.to_bytes()
+        shardmap.loads(data)  # validate exactly what will be stored
+        return self.write_raw(self.path, data, expected_version)
+
+    def watch(self, callback: MapCallback) -> None:
+        """Watch the map znode; *callback(map or None, version)* runs on each version.
+
+        The kazoo DataWatch is set up once ZooKeeper answers (at once if it does
+        now), in a background thread so that a caller is never blocked by an
+        absent ensemble. An invalid map is logged and skipped.
+        """
+        from kazoo.recipe.watchers import DataWatch
+
+        def on_data(data: bytes | None, stat: Any, *event: Any) -> None:
+            if data is None or stat is None:
+                callback(None, NO_NODE)
+                return
+            try:
+                m = shardmap.loads(data)
+            except MapError as exc:
+                log.error("ignoring invalid map version %s at %s: %s", stat.version,
+                          self.path, exc)
+                return
+            callback(m, stat.version)
+
+        def establish() -> None:
+            DataWatch(self.client, self.path, on_data)
+
+        threading.Thread(target=establish, name="shardfleet-map-watch", daemon=True).start()
+
+    def close(self) -> None:
+        try:
+            self.client.stop()
+            self.client.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            log.debug("error closing ZooKeeper client", exc_info=True)

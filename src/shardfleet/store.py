@@ -1,0 +1,442 @@
+"""The store API: objects, mappings, application-layer joins and mod-shard lookups.
+
+Everything goes to the master of the shard an ID names. SQL values are always
+bound parameters; identifiers (database and table names) come only from the
+schema file and from validated shard numbers.
+
+Failure policy for routing: a write to a ``frozen`` shard waits (bounded) for
+the map to move on, then raises :class:`ShardFrozenError`; a statement refused
+by MySQL because the shard was fenced (access denied) or the server is
+read-only refreshes the map and is retried once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pymysql
+
+from shardfleet import ids
+from shardfleet.errors import (
+    DatabaseError,
+    NoOpenShardError,
+    ObjectNotFound,
+    SchemaError,
+    ShardfleetError,
+)
+from shardfleet.router import Router
+from shardfleet.schema import Schema, default_schema, shard_database
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# MySQL errors that mean "this server no longer serves this shard for you":
+# 1142 table access denied, 1044 database access denied (a fenced shard),
+# 1290 / 1836 the server runs --read-only (a demoted master).
+REROUTE_ERRNOS = frozenset({1142, 1044, 1290, 1836})
+# Connection-level errors: the pooled connection is dead; reads retry once.
+CONNECTION_ERRNOS = frozenset({2003, 2006, 2013, 2014, 2055})
+
+Body = dict[str, Any]
+Updater = Callable[[Body], Body] | dict[str, Any]
+JoinPage = tuple[list[tuple[int, Body]], str | None]  # (id, body) in page order, next cursor
+
+
+def _dumps(body: Body) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class ManyResult:
+    """What :meth:`Store.get_many` returns: found objects in the caller's order, and the rest."""
+
+    items: list[tuple[int, Body]] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+
+    def bodies(self) -> list[Body]:
+        return [b for _, b in self.items]
+
+
+@dataclass
+class MappingPage:
+    """A page of a mapping, newest first. ``cursor`` is None on the last page."""
+
+    ids: list[int]
+    sequences: list[int]
+    cursor: str | None
+
+
+class Store:
+    """Objects and mappings on the fleet, through a :class:`Router`.
+
+    ``schema`` defaults to the library's ``schema.yml``. ``max_workers`` (8)
+    bounds the threads that query several servers at once.
+    """
+
+    def __init__(self, router: Router, schema: Schema | None = None, *,
+                 max_workers: int = 8, rng: random.Random | None = None) -> None:
+        self.router = router
+        self.schema = schema or default_schema()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers,
+                                        thread_name_prefix="shardfleet-q")
+        self._rng = rng or random.Random()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    # -- plumbing --------------------------------------------------------
+    def _on_master(self, shard: int, fn: Callable[[pymysql.connections.Connection], T], *,
+                   write: bool) -> T:
+        """Run *fn(conn)* on the master of *shard*, with the reroute/retry policy."""
+        for attempt in (0, 1):
+            r = self.router.writable_range(shard) if write else self.router.range_for(shard)
+            try:
+                with self.router.connection(r.master) as conn:
+                    return fn(conn)
+            except pymysql.err.MySQLError as exc:
+                errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+                retry = errno in REROUTE_ERRNOS or (not write and errno in CONNECTION_ERRNOS)
+                if attempt == 0 and retry:
+                    log.info("shard %s on %s refused (%s); refreshing the map and retrying once",
+                             shard, r.master, errno)
+                    self.router.refresh()
+                    continue
+                raise DatabaseError(f"shard {shard} on {r.master}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _object_table(self, object_id: int) -> tuple[ids.ObjectID, str]:
+        oid = ids.decompose(object_id)
+        table = self.schema.object_type(oid.type).table
+        return oid, f"`{shard_database(oid.shard)}`.`{table}`"
+
+    def _pick_shard(self) -> int:
+        opened = self.router.map.open_ranges()
+        if not opened:
+            raise NoOpenShardError("the map has no open range to place a new object in")
+        total = sum(r.size for r in opened)
+        n = self._rng.randrange(total)
+        for r in opened:
+            if n < r.size:
+                return r.first + n
+            n -= r.size
+        raise AssertionError("unreachable")
+
+
+    def _group(self, object_ids: Sequence[int]) -> dict[str, dict[tuple[int, int], list[int]]]:
+        """``{master: {(shard, type): [local, ...]}}`` under the current map."""
+        by_server: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(
+            lambda: defaultdict(list))
+        for object_id in object_ids:
+            oid = ids.decompose(object_id)
+            self.schema.object_type(oid.type)
+            server = self.router.range_for(oid.shard).master
+            by_server[server][(oid.shard, oid.type)].append(oid.local)
+        return by_server
+
+    def _fetch_many(self, server: str, groups: dict[tuple[int, int], list[int]]) -> list[Any]:
+        """One statement on *server*: the UNION ALL of one SELECT per (shard, type)."""
+        parts, params = [], []
+        for (shard, type_), locals_ in groups.items():
+            table = self.schema.object_type(type_).table
+            marks = ",".join(["%s"] * len(locals_))
+            parts.append(f"SELECT %s, %s, local_id, body FROM "
+                         f"`{shard_database(shard)}`.`{table}` WHERE local_id IN ({marks})")
+            params.extend([shard, type_, *locals_])
+        with self.router.connection(server) as conn, conn.cursor() as cur:
+            cur.execute(" UNION ALL ".join(parts), params)
+            return list(cur.fetchall())
+
+    # -- objects ---------------------------------------------------------
+    def create(self, type: str | int, body: Body, near: int | None = None) -> int:  # noqa: A002
+        """Insert a new object and return its ID.
+
+        The shard is *near*'s shard (locality: a pin on its board's shard), else a
+        random shard of an ``open`` range.
+        """
+        if not isinstance(body, dict):
+            raise SchemaError(f"an object body must be a dict, got {body.__class__.__name__}")
+        ot = self.schema.object_type(type)
+        shard = ids.shard_of(near) if near is not None else self._pick_shard()
+        sql = f"INSERT INTO `{shard_database(shard)}`.`{ot.table}` (body) VALUES (%s)"
+        data = _dumps(body)
+
+        def run(conn: pymysql.connections.Connection) -> int:
+            conn.begin()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(sql, (data,))
+                    local = int(cur.lastrowid)
+                if local > ids.MAX_LOCAL:
+                    raise ids.InvalidIDError(
+                        f"shard {shard} table {ot.table} has used up its 36-bit local IDs")
+                conn.commit()
+                return local
+            except BaseException:
+                conn.rollback()
+                raise
+
+        local = self._on_master(shard, run, write=True)
+        return ids.compose(shard, ot.type, local)
+
+    def get(self, object_id: int, *, include_inactive: bool = False) -> Body:
+        """The object's body; :class:`ObjectNotFound` if absent or soft-deleted."""
+        oid, table = self._object_table(object_id)
+        sql = f"SELECT body FROM {table} WHERE local_id=%s"
+
+        def run(conn: pymysql.connections.Connection) -> Any:
+            with conn.cursor() as cur:
+                cur.execute(sql, (oid.local,))
+                return cur.fetchone()
+
+        row = self._on_master(oid.shard, run, write=False)
+        if row is None:
+            raise ObjectNotFound(f"object {object_id} not found")
+        body = json.loads(row[0])
+        if not include_inactive and body.get("active") is False:
+            raise ObjectNotFound(f"object {object_id} was deleted")
+        return body
+
+    def get_many(self, object_ids: Sequence[int], *, include_inactive: bool = False
+                 ) -> ManyResult:
+        """Fetch many objects: one SELECT per (shard, type), one round trip per server.
+
+        Each server gets one statement (the UNION ALL of its shards' SELECTs);
+        servers are queried concurrently. Results come in the caller's order;
+        absent or soft-deleted IDs are listed in ``missing``.
+        """
+        by_server = self._group(object_ids)
+
+        found: dict[int, Body] = {}
+        for attempt in (0, 1):
+            jobs = list(by_server.items())
+            try:
+                results = ([self._fetch_many(*jobs[0])] if len(jobs) == 1
+                           else list(self._pool.map(lambda j: self._fetch_many(*j), jobs)))
+                break
+            except pymysql.err.MySQLError as exc:
+                errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+                if attempt or errno not in REROUTE_ERRNOS | CONNECTION_ERRNOS:
+                    raise DatabaseError(f"get_many: {exc}") from exc
+                log.info("get_many refused (%s); refreshing the map and retrying once", errno)
+                self.router.refresh()
+                by_server = self._group(object_ids)
+        for rows in results:
+            for shard, type_, local, body in rows:
+                found[ids.compose(int(shard), int(type_), int(local))] = json.loads(body)
+        out = ManyResult()
+        for object_id in object_ids:
+            body = found.get(object_id)
+            if body is None or (not include_inactive and body.get("active") is False):
+                out.missing.append(object_id)
+            else:
+                out.items.append((object_id, body))
+        return out
+
+    def update(self, object_id: int, changes: Updater) -> Body:
+        """Read-modify-write the JSON body in one transaction (``SELECT … FOR UPDATE``).
+
+        *changes* is a dict merged into the body (shallow) or a function
+        ``body -> new body``. Returns the new body.
+        """
+        oid, table = self._object_table(object_id)
+        select = f"SELECT body FROM {table} WHERE local_id=%s FOR UPDATE"
+        update = f"UPDATE {table} SET body=%s WHERE local_id=%s"
+
+        def run(conn: pymysql.connections.Connection) -> Body:
+            conn.begin()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(select, (oid.local,))
+                    row = cur.fetchone()
+                    if row is None:
+                        raise ObjectNotFound(f"object {object_id} not found")
+                    body = json.loads(row[0])
+                    new = changes(dict(body)) if callable(changes) else {**body, **changes}
+                    if not isinstance(new, dict):
+                        raise SchemaError("an update must produce a dict body")
+                    cur.execute(update, (_dumps(new), oid.local))
+                conn.commit()
+                return new
+            except BaseException:
+                conn.rollback()
+                raise
+
+        return self._on_master(oid.shard, run, write=True)
+
+    def delete(self, object_id: int, *, hard: bool = False) -> bool:
+        """Soft-delete (``"active": false``) or, with ``hard=True``, remove the row.
+
+        Returns False when the object did not exist.
+        """
+        if not hard:
+            try:
+                self.update(object_id, {"active": False})
+                return True
+            except ObjectNotFound:
+                return False
+        oid, table = self._object_table(object_id)
+        sql = f"DELETE FROM {table} WHERE local_id=%s"
+
+        def run(conn: pymysql.connections.Connection) -> bool:
+            with conn.cursor() as cur:
+                return bool(cur.execute(sql, (oid.local,)))
+
+        return self._on_master(oid.shard, run, write=True)
+
+    # -- mappings --------------------------------------------------------
+    def _mapping(self, name: str, from_id: int, to_id: int | None = None) -> tuple[int, str]:
+        m = self.schema.mapping(name)
+        f = ids.decompose(from_id)
+        want_from = self.schema.object_type(m.from_type).type
+        if f.type != want_from:
+            raise SchemaError(f"{name} maps from {m.from_type} (type {want_from}); "
+                              f"ID {from_id} is type {f.type}")
+        if to_id is not None:
+            t = ids.decompose(to_id)
+            want_to = self.schema.object_type(m.to_type).type
+            if t.type != want_to:
+                raise SchemaError(f"{name} maps to {m.to_type} (type {want_to}); "
+                                  f"ID {to_id} is type {t.type}")
+        return f.shard, f"`{shard_database(f.shard)}`.`{m.table}`"
+
+    def add(self, name: str, from_id: int, to_id: int, sequence: int | None = None) -> int:
+        """Add (or re-sequence) ``from_id -> to_id``; returns the sequence used.
+
+        The default sequence is the current time in microseconds.
+        """
+        shard, table = self._mapping(name, from_id, to_id)
+        seq = time.time_ns() // 1000 if sequence is None else int(sequence)
+        sql = (f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s) "
+               "ON DUPLICATE KEY UPDATE sequence=VALUES(sequence)")
+
+        def run(conn: pymysql.connections.Connection) -> None:
+            with conn.cursor() as cur:
+                cur.execute(sql, (from_id, to_id, seq))
+
+        self._on_master(shard, run, write=True)
+        return seq
+
+    def remove(self, name: str, from_id: int, to_id: int) -> bool:
+        shard, table = self._mapping(name, from_id, to_id)
+        sql = f"DELETE FROM {table} WHERE from_id=%s AND to_id=%s"
+
+        def run(conn: pymysql.connections.Connection) -> bool:
+            with conn.cursor() as cur:
+                return bool(cur.execute(sql, (from_id, to_id)))
+
+        return self._on_master(shard, run, write=True)
+
+    def count(self, name: str, from_id: int) -> int:
+        shard, table = self._mapping(name, from_id)
+        sql = f"SELECT COUNT(*) FROM {table} WHERE from_id=%s"
+
+        def run(conn: pymysql.connections.Connection) -> int:
+            with conn.cursor() as cur:
+                cur.execute(sql, (from_id,))
+                return int(cur.fetchone()[0])
+
+        return self._on_master(shard, run, write=False)
+
+    def list(self, name: str, from_id: int, limit: int = 50, cursor: str | None = None
+             ) -> MappingPage:
+        """A page of ``from_id``'s mapping, newest (highest sequence) first."""
+        if not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ShardfleetError(f"limit {limit!r} must be an int in 1..10000")
+        shard, table = self._mapping(name, from_id)
+        params: list[Any] = [from_id]
+        where = "from_id=%s"
+        if cursor is not None:
+            seq, to = _parse_cursor(cursor)
+            where += " AND (sequence < %s OR (sequence = %s AND to_id < %s))"
+            params += [seq, seq, to]
+        sql = (f"SELECT to_id, sequence FROM {table} WHERE {where} "
+               "ORDER BY sequence DESC, to_id DESC LIMIT %s")
+        params.append(limit + 1)
+
+        def run(conn: pymysql.connections.Connection) -> list[Any]:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall())
+
+        rows = self._on_master(shard, run, write=False)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = f"{rows[-1][1]}.{rows[-1][0]}" if more and rows else None
+        return MappingPage([int(r[0]) for r in rows], [int(r[1]) for r in rows], nxt)
+
+    def join(self, name: str, from_id: int, limit: int = 50, cursor: str | None = None
+             ) -> JoinPage:
+        """The application-layer join: a mapping page, then its objects in page order."""
+        page = self.list(name, from_id, limit, cursor)
+        if not page.ids:
+            return [], page.cursor
+        return self.get_many(page.ids).items, page.cursor
+
+    # -- mod shard -------------------------------------------------------
+    def _lookup(self, name: str, key: str | bytes) -> tuple[int, str, str, bytes]:
+        lk = self.schema.lookup(name)
+        raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        if not raw or len(raw) > 255:
+            raise SchemaError(f"lookup key must be 1..255 bytes, got {len(raw)}")
+        shard = self.router.map.mod_shard(raw)
+        column = "value_id" if lk.value == "id" else "body"
+        return shard, f"`{shard_database(shard)}`.`{lk.table}`", column, raw
+
+    def put(self, name: str, key: str | bytes, value: Any) -> None:
+        """Store *value* (an ID, or JSON for ``value: json`` tables) under a mod-shard key."""
+        shard, table, column, raw = self._lookup(name, key)
+        if column == "value_id":
+            ids.decompose(value)
+            v: Any = value
+        else:
+            v = _dumps(value)
+        sql = (f"INSERT INTO {table} (lookup_key, {column}) VALUES (%s, %s) "
+               f"ON DUPLICATE KEY UPDATE {column}=VALUES({column})")
+
+        def run(conn: pymysql.connections.Connection) -> None:
+            with conn.cursor() as cur:
+                cur.execute(sql, (raw, v))
+
+        self._on_master(shard, run, write=True)
+
+    def lookup(self, name: str, key: str | bytes) -> Any:
+        """The value stored under *key*, or None."""
+        shard, table, column, raw = self._lookup(name, key)
+        sql = f"SELECT {column} FROM {table} WHERE lookup_key=%s"
+
+        def run(conn: pymysql.connections.Connection) -> Any:
+            with conn.cursor() as cur:
+                cur.execute(sql, (raw,))
+                return cur.fetchone()
+
+        row = self._on_master(shard, run, write=False)
+        if row is None:
+            return None
+        return int(row[0]) if column == "value_id" else json.loads(row[0])
+
+    def unput(self, name: str, key: str | bytes) -> bool:
+        shard, table, _, raw = self._lookup(name, key)
+        sql = f"DELETE FROM {table} WHERE lookup_key=%s"
+
+        def run(conn: pymysql.connections.Connection) -> bool:
+            with conn.cursor() as cur:
+                return bool(cur.execute(sql, (raw,)))
+
+        return self._on_master(shard, run, write=True)
+
+
+def _parse_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        seq, to = cursor.split(".")
+        return int(seq), int(to)
+    except (ValueError, AttributeError):
+        raise ShardfleetError(f"invalid cursor {cursor!r}") from None
+

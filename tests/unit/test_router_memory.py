@@ -1,0 +1,75 @@
+"""Router and map store behaviour against the in-memory store (no servers)."""
+import threading
+import time
+
+import pytest
+
+from shardfleet import shardmap
+from shardfleet.errors import MapConflictError, MapStoreUnavailable, ShardFrozenError
+from shardfleet.mapstore import NO_NODE, MemoryMapStore
+from shardfleet.router import Router
+from shardfleet.shardmap import ShardMap
+
+M1 = ShardMap.from_ranges([{"range": [0, 15], "master": "a:1", "standby": "b:1"},
+                           {"range": [16, 31], "master": "c:1", "standby": "d:1"}])
+
+
+def test_compare_and_set():
+    store = MemoryMapStore()
+    assert store.read().version == NO_NODE
+    v0 = store.write(M1, NO_NODE)
+    with pytest.raises(MapConflictError):
+        store.write(M1, NO_NODE)
+    v1 = store.write(M1.with_state((0, 15), "closed"), v0)
+    assert v1 == v0 + 1
+    assert store.read().map.range_for(3).state == "closed"
+
+
+def test_router_follows_watch_and_writes_cache(tmp_path):
+    store = MemoryMapStore(M1)
+    cache = tmp_path / "map.json"
+    r = Router(store, cache_file=cache)
+    assert r.range_for(20).master == "c:1"
+    v = store.read().version
+    store.write(M1.with_state((16, 31), "closed"), v)
+    assert r.range_for(20).state == "closed"
+    assert shardmap.loads(cache.read_bytes()).range_for(20).state == "closed"
+
+
+def test_router_starts_from_cache_file_when_store_unavailable(tmp_path):
+    cache = tmp_path / "map.json"
+    cache.write_bytes(M1.to_bytes())
+    store = MemoryMapStore(M1.with_state((0, 15), "closed"))
+    store.available = False
+    r = Router(store, cache_file=cache)
+    assert r.source == "cache-file"
+    assert r.range_for(0).state == "open"
+
+
+def test_router_without_map_or_cache_refuses(tmp_path):
+    store = MemoryMapStore()
+    store.available = False
+    with pytest.raises(MapStoreUnavailable, match="no shard map"):
+        Router(store, cache_file=tmp_path / "absent.json")
+
+
+def test_frozen_write_waits_then_fails():
+    store = MemoryMapStore(M1.with_state((0, 15), "frozen"))
+    r = Router(store, frozen_wait=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(ShardFrozenError, match="frozen"):
+        r.writable_range(3)
+    assert time.monotonic() - t0 >= 0.2
+
+
+def test_frozen_write_proceeds_when_map_moves_on():
+    store = MemoryMapStore(M1.with_state((0, 15), "frozen"))
+    r = Router(store, frozen_wait=5)
+    moved = M1.replace_range(M1.range_for(0), M1.range_for(0).__class__(0, 15, "e:1", "f:1"))
+
+    def flip():
+        time.sleep(0.1)
+        store.write(moved, store.read().version)
+
+    threading.Thread(target=flip).start()
+    assert r.writable_range(3).master == "e:1"

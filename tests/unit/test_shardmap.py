@@ -1,0 +1,155 @@
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardfleet import shardmap
+from shardfleet.errors import MapError, ShardNotMappedError
+from shardfleet.shardmap import ShardMap, ShardRange
+
+MANY = settings(max_examples=10_000, deadline=None)
+
+
+def two_pairs():
+    return ShardMap.from_ranges([
+        {"range": [0, 2047], "master": "a1:3306", "standby": "a2:3306", "state": "open"},
+        {"range": [2048, 4095], "master": "b1:3306", "standby": "b2:3306", "state": "open"},
+    ])
+
+
+def test_post_shape_round_trip():
+    m = two_pairs()
+    doc = json.loads(m.dumps())
+    assert doc["mod_shard_count"] == 4096
+    assert doc["ranges"][0] == {"range": [0, 2047], "master": "a1:3306",
+                                "standby": "a2:3306", "state": "open"}
+    assert shardmap.loads(m.dumps()) == m
+    # the post's bare list is accepted too
+    assert shardmap.loads(json.dumps(doc["ranges"])) == m
+
+
+def test_lookup():
+    m = two_pairs()
+    assert m.range_for(0).master == "a1:3306"
+    assert m.range_for(2047).master == "a1:3306"
+    assert m.range_for(2048).master == "b1:3306"
+    assert m.range_for(3429).master == "b1:3306"
+    with pytest.raises(ShardNotMappedError, match="4096"):
+        m.range_for(4096)
+
+
+@pytest.mark.parametrize("ranges,needle", [
+    ([{"range": [0, 10], "master": "a:1"}, {"range": [10, 20], "master": "b:1"}], "overlaps"),
+    ([{"range": [0, 65536], "master": "a:1"}], "out of bounds"),
+    ([{"range": [-1, 5], "master": "a:1"}], "out of bounds"),
+    ([{"range": [5, 1], "master": "a:1"}], "after last"),
+    ([{"range": [0, 1]}], "master None"),
+    ([{"range": [0, 1], "master": "nohostport"}], "host:port"),
+    ([{"range": [0, 1], "master": "a:1", "standby": "a:1"}], "same server"),
+    ([{"range": [0, 1], "master": "a:1", "state": "melting"}], "not one of"),
+    ([{"range": [0], "master": "a:1"}], "first, last"),
+    ([{"range": ["0", 1], "master": "a:1"}], "first, last"),
+    (["x"], "must be an object"),
+    ([], "no ranges"),
+])
+def test_invalid_maps(ranges, needle):
+    with pytest.raises(MapError, match=needle):
+        ShardMap.from_ranges(ranges)
+
+
+def test_unknown_host_refused():
+    with pytest.raises(MapError, match="not a known host"):
+        ShardMap.from_ranges([{"range": [0, 1], "master": "a:1"}], known_hosts={"b:1"})
+
+
+def test_edits_validate_and_diff():
+    m = two_pairs()
+    bigger = m.merge([ShardRange(4096, 8191, "c1:3306", "c2:3306", "open")])
+    assert [r.bounds for r in bigger.ranges] == [(0, 2047), (2048, 4095), (4096, 8191)]
+    with pytest.raises(MapError, match="overlaps"):
+        m.merge([ShardRange(4000, 5000, "c1:3306")])
+    frozen = m.with_state((2048, 4095), "frozen")
+    assert shardmap.diff(m, frozen) == ["~ [2048, 4095] state: open -> frozen"]
+    lines = shardmap.diff(m, bigger)
+    assert lines == ["+ [4096, 8191] master=c1:3306 standby=c2:3306 state=open"]
+    assert shardmap.diff(bigger, m) == ["- [4096, 8191] master=c1:3306 standby=c2:3306 state=open"]
+    with pytest.raises(MapError, match="no range"):
+        m.remove([(1, 2)])
+    assert m.remove([(2048, 4095)]).ranges == (m.ranges[0],)
+
+
+def test_extra_keys_survive():
+    m = ShardMap.from_ranges([{"range": [0, 1], "master": "a:1", "state": "frozen",
+                               "frozen_from": "open"}])
+    assert shardmap.loads(m.dumps()).ranges[0].extra == {"frozen_from": "open"}
+
+
+def test_mod_shard_is_md5_big_endian_mod_count():
+    import hashlib
+    m = two_pairs()
+    expect = int.from_bytes(hashlib.md5(b"ada@example.com").digest(), "big") % 4096
+    assert m.mod_shard("ada@example.com") == expect
+
+
+def test_table_lists_every_range():
+    t = two_pairs().table()
+    assert "0-2047" in t and "b2:3306" in t and t.splitlines()[0].startswith("RANGE")
+
+
+@st.composite
+def maps(draw):
+    cuts = sorted(draw(st.sets(st.integers(0, 65535), min_size=1, max_size=12)))
+    ranges = []
+    for i, first in enumerate(cuts):
+        last = cuts[i + 1] - 1 if i + 1 < len(cuts) else draw(st.integers(first, 65535))
+        if draw(st.booleans()):
+            ranges.append(ShardRange(first, last, f"m{i}:3306", f"s{i}:3306",
+                                     draw(st.sampled_from(shardmap.STATES))))
+    if not ranges:
+        ranges.append(ShardRange(cuts[0], cuts[0], "m:1"))
+    return ShardMap.from_ranges(ranges)
+
+
+@MANY
+@given(maps(), st.integers(0, 65535))
+def test_generated_maps_round_trip_and_lookup(m, shard):
+    assert shardmap.loads(m.dumps()) == m
+    linear = next((r for r in m.ranges if r.first <= shard <= r.last), None)
+    assert m.find(shard) == linear
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-70000, 70000) | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                              max_size=4),
+    max_leaves=12,
+)
+entry = st.fixed_dictionaries({
+    "range": st.one_of(st.lists(st.integers(-5, 70000), min_size=0, max_size=3), json_values),
+    "master": st.one_of(st.sampled_from(["a:1", "b:2", "", "x"]), json_values),
+}, optional={"state": st.one_of(st.sampled_from(shardmap.STATES), st.text(max_size=6)),
+             "standby": st.one_of(st.none(), st.sampled_from(["a:1", "c:3"]))})
+
+
+@MANY
+@given(st.one_of(st.lists(entry, max_size=5), json_values,
+                 st.fixed_dictionaries({"ranges": st.lists(entry, max_size=4)})))
+def test_generated_documents_parse_or_raise_map_error(doc):
+    try:
+        m = shardmap.from_obj(doc)
+    except MapError:
+        return
+    # whatever parses is a valid map: sorted, disjoint, in bounds
+    for a, b in zip(m.ranges, m.ranges[1:], strict=False):
+        assert a.last < b.first
+    assert all(0 <= r.first <= r.last <= 65535 for r in m.ranges)
+
+
+@MANY
+@given(st.binary(max_size=40))
+def test_garbage_bytes_raise_map_error(raw):
+    try:
+        shardmap.loads(raw)
+    except MapError:
+        pass
