@@ -10,7 +10,7 @@ POST_VECTORS = [
     (241294561224164665, 3429, 2, 1337),  # a board
     (241294629943640797, 3429, 3, 733),  # a user
 ]
-MANY = settings(max_examples=10_000, deadline=None)
+MANY = settings()  # examples per profile: tests/conftest.py (ci: 10,000)
 
 
 @pytest.mark.parametrize("value,shard,type_,local", POST_VECTORS)

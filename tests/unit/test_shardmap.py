@@ -8,7 +8,7 @@ from shardfleet import shardmap
 from shardfleet.errors import MapError, ShardNotMappedError
 from shardfleet.shardmap import ShardMap, ShardRange
 
-MANY = settings(max_examples=10_000, deadline=None)
+MANY = settings()  # examples per profile: tests/conftest.py (ci: 10,000)
 
 
 def two_pairs():

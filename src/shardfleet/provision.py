@@ -1,0 +1,185 @@
+"""Shard databases on one server: plan what is missing, then create it in batches.
+
+Used by the ``shard_databases`` module and the tests. A plan reads the server's
+current state in a few queries (not one per shard); applying it sends one
+multi-statement round trip per batch of shards over a single connection.
+Tables whose live definition differs from the schema are reported, never altered.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfleet.errors import DatabaseError, SchemaError
+from shardfleet.schema import Schema, shard_database
+
+log = logging.getLogger(__name__)
+
+APP_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
+
+
+@dataclass
+class ShardPlan:
+    """What :func:`apply_plan` would do to reach the schema on one server."""
+
+    shards: list[int]
+    databases: list[str] = field(default_factory=list)  # to create
+    tables: list[tuple[str, str]] = field(default_factory=list)  # (db, table) to create
+    grants: list[str] = field(default_factory=list)  # databases to grant the app user on
+    drifted: list[dict[str, Any]] = field(default_factory=list)  # tables unlike the schema
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.databases or self.tables or self.grants)
+
+
+def shard_list(first_last: Sequence[int] | None = None, shards: Iterable[int] | None = None
+               ) -> list[int]:
+    """Shards from ``[first, last]`` or an explicit list, validated and sorted."""
+    if (first_last is None) == (shards is None):
+        raise SchemaError("give either a range [first, last] or a list of shards")
+    if first_last is not None:
+        if len(first_last) != 2:
+            raise SchemaError(f"range must be [first, last], got {list(first_last)!r}")
+        first, last = first_last
+        if not (isinstance(first, int) and isinstance(last, int)) or first > last:
+            raise SchemaError(f"range [{first}, {last}] is not first <= last integers")
+        out = list(range(first, last + 1))
+    else:
+        out = sorted(set(shards or []))
+    for s in out:
+        shard_database(s)  # bounds check
+    return out
+
+
+def _account(user: str, host: str) -> str:
+    return f"'{_quote(user)}'@'{_quote(host)}'"
+
+
+def _quote(s: str) -> str:
+    if not isinstance(s, str) or not s or "'" in s or "\\" in s or len(s) > 80:
+        raise SchemaError(f"invalid account name part {s!r}")
+    return s
+
+
+def existing_databases(cur: Any) -> set[str]:
+    cur.execute("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA "
+                "WHERE SCHEMA_NAME REGEXP '^db[0-9]{5}$'")
+    return {r[0] for r in cur.fetchall()}
+
+
+def plan_shards(conn: Any, shards: Sequence[int], schema: Schema, *,
+                app_user: str | None = None, app_host: str = "%",
+                check_definitions: bool = True) -> ShardPlan:
+    """Compare the server with the schema for *shards*; changes nothing."""
+    plan = ShardPlan(list(shards))
+    wanted = {shard_database(s): s for s in shards}
+    ddl = schema.ddl()
+    with conn.cursor() as cur:
+        have_dbs = existing_databases(cur)
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                    "WHERE TABLE_SCHEMA REGEXP '^db[0-9]{5}$'")
+        have_tables: dict[str, set[str]] = {}
+        for db, t in cur.fetchall():
+            have_tables.setdefault(db, set()).add(t)
+        granted: set[str] = set()
+        if app_user:
+            cur.execute("SELECT Db FROM mysql.db WHERE User=%s AND Host=%s AND Select_priv='Y' "
+                        "AND Insert_priv='Y' AND Update_priv='Y' AND Delete_priv='Y'",
+                        (app_user, app_host))
+            granted = {r[0] for r in cur.fetchall()}
+        for db in wanted:
+            if db not in have_dbs:
+                plan.databases.append(db)
+            tables = have_tables.get(db, set())
+            plan.tables.extend((db, t) for t in ddl if t not in tables)
+            if app_user and db not in granted:
+                plan.grants.append(db)
+        if check_definitions:
+            plan.drifted = _drift(cur, schema, [db for db in wanted if db in have_dbs])
+    return plan
+
+
+def _drift(cur: Any, schema: Schema, dbs: list[str]) -> list[dict[str, Any]]:
+    """Tables whose columns differ from the schema (compared in one query per 500 shards)."""
+    expect = schema.columns()
+    out: list[dict[str, Any]] = []
+    for i in range(0, len(dbs), 500):
+        chunk = dbs[i:i + 500]
+        marks = ",".join(["%s"] * len(chunk))
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE "
+                    f"FROM information_schema.COLUMNS WHERE TABLE_SCHEMA IN ({marks}) "
+                    "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION", chunk)
+        live: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for db, t, col, ctype in cur.fetchall():
+            live.setdefault((db, t), []).append((col, ctype.lower()))
+        for (db, t), cols in sorted(live.items()):
+            want = expect.get(t)
+            if want is None:
+                continue  # not a schema table: not ours to judge
+            if [(c, _norm(x)) for c, x in cols] != [(c, _norm(x)) for c, x in want]:
+                out.append({"database": db, "table": t, "expected": want, "actual": cols})
+    return out
+
+
+def _norm(column_type: str) -> str:
+    # MySQL 8 drops integer display widths ("bigint unsigned"); MariaDB keeps them.
+    return re.sub(r"\(\d+\)", "", column_type)
+
+
+def apply_plan(conn: Any, plan: ShardPlan, schema: Schema, *, app_user: str | None = None,
+               app_host: str = "%", batch: int = 64) -> dict[str, int]:
+    """Create what *plan* lists, *batch* shards per round trip. Returns counts done."""
+    ddl = schema.ddl()
+    per_db: dict[str, list[str]] = {}
+    for db in plan.databases:
+        per_db.setdefault(db, []).append(
+            f"CREATE DATABASE IF NOT EXISTS `{db}` CHARACTER SET utf8mb4 "
+            "COLLATE utf8mb4_unicode_ci")
+    for db, t in plan.tables:
+        per_db.setdefault(db, []).append(ddl[t].replace(f"`{t}`", f"`{db}`.`{t}`", 1))
+    if plan.grants:
+        account = _account(app_user or "", app_host)
+        for db in plan.grants:
+            per_db.setdefault(db, []).append(f"GRANT {APP_PRIVILEGES} ON `{db}`.* TO {account}")
+    dbs = sorted(per_db)
+    done = {"databases_created": 0, "tables_created": 0, "grants_added": 0}
+    with conn.cursor() as cur:
+        for i in range(0, len(dbs), batch):
+            chunk = dbs[i:i + batch]
+            statements = [s for db in chunk for s in per_db[db]]
+            try:
+                run_many(cur, statements)
+            except Exception as exc:
+                raise DatabaseError(f"creating shards {chunk[0]}..{chunk[-1]}: {exc}") from exc
+    done["databases_created"] = len(plan.databases)
+    done["tables_created"] = len(plan.tables)
+    done["grants_added"] = len(plan.grants)
+    return done
+
+
+def run_many(cur: Any, statements: Sequence[str]) -> None:
+    """Send *statements* in one round trip (the connection needs MULTI_STATEMENTS)."""
+    if not statements:
+        return
+    cur.execute(";\n".join(statements))
+    while cur.nextset():
+        pass
+
+
+def multi_statement_flags() -> int:
+    from pymysql.constants import CLIENT
+
+    return int(CLIENT.MULTI_STATEMENTS)
+
+
+def ensure_shards(conn: Any, shards: Sequence[int], schema: Schema, *,
+                  app_user: str | None = None, app_host: str = "%") -> tuple[ShardPlan,
+                                                                             dict[str, int]]:
+    """Plan and apply in one call (the connection needs MULTI_STATEMENTS)."""
+    plan = plan_shards(conn, shards, schema, app_user=app_user, app_host=app_host)
+    return plan, apply_plan(conn, plan, schema, app_user=app_user, app_host=app_host)

@@ -1,0 +1,293 @@
+"""provision-aws.yml against moto: network, least-privilege groups, placement, idempotence.
+
+The tests in this module share one provisioned cluster and run in file order:
+first run -> rerun -> grow -> shrink (nothing terminated) -> terminate when asked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.aws.helpers import (
+    REPO,
+    Moto,
+    PlaybookRun,
+    instances,
+    inventory_list,
+    provision,
+    write_test_inventory,
+)
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "sfaws-it"
+VPC_CIDR = "10.42.0.0/16"
+SUBNETS = ["10.42.0.0/20", "10.42.16.0/20", "10.42.32.0/20"]
+ADMIN = "198.51.100.0/24"
+DATA_VOLUME = {"size": 50, "iops": 4000, "throughput": 250}
+
+
+def table(pairs: int, zookeeper: int = 3) -> dict[str, Any]:
+    return {
+        "ec2_fleet_cluster": CLUSTER,
+        "ec2_fleet_admin_cidr": ADMIN,
+        "ec2_fleet_components": {
+            "mysql": {"count": pairs, "instance_type": "r6i.large", "data_volume": DATA_VOLUME},
+            "zookeeper": {"count": zookeeper, "instance_type": "t3.small"},
+            "redis": {"count": 1, "instance_type": "r6i.large"},
+            "memcached": {"count": 1, "instance_type": "r6i.large"},
+        },
+    }
+
+
+def by_name(moto: Moto) -> dict[str, dict[str, Any]]:
+    return {i["TagMap"]["Name"]: i for i in instances(moto, CLUSTER)}
+
+
+@pytest.fixture(scope="module")
+def first_run(moto_server: Moto, tmp_path_factory: pytest.TempPathFactory) -> PlaybookRun:
+    tmp = tmp_path_factory.mktemp("provision")
+    return provision(moto_server, tmp, table(pairs=2)).check()
+
+
+@pytest.fixture
+def vars_dir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_first_run_builds_vpc_subnets_in_three_zones_and_internet_route(
+    moto_server: Moto, first_run: PlaybookRun
+) -> None:
+    assert first_run.changed > 0, "the first run reported no change"
+    ec2 = moto_server.client()
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:cluster", "Values": [CLUSTER]}])["Vpcs"]
+    assert [v["CidrBlock"] for v in vpcs] == [VPC_CIDR], f"expected one VPC {VPC_CIDR}: {vpcs}"
+    vpc_id = vpcs[0]["VpcId"]
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["Subnets"]
+    assert sorted(s["CidrBlock"] for s in subnets) == SUBNETS
+    zones = {s["AvailabilityZone"] for s in subnets}
+    assert len(zones) == 3, f"subnets share availability zones: {zones}"
+    igws = ec2.describe_internet_gateways(
+        Filters=[{"Name": "attachment.vpc-id", "Values": [vpc_id]}]
+    )["InternetGateways"]
+    assert len(igws) == 1, "expected one internet gateway attached to the VPC"
+    tables = ec2.describe_route_tables(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpc_id]},
+            {"Name": "tag:cluster", "Values": [CLUSTER]},
+        ]
+    )["RouteTables"]
+    assert len(tables) == 1
+    routes = {r.get("DestinationCidrBlock"): r.get("GatewayId") for r in tables[0]["Routes"]}
+    assert routes.get("0.0.0.0/0") == igws[0]["InternetGatewayId"]
+    associated = {a.get("SubnetId") for a in tables[0]["Associations"]}
+    assert {s["SubnetId"] for s in subnets} <= associated
+
+
+def test_instances_carry_tags_and_mysql_pair_sides_sit_in_different_zones(
+    moto_server: Moto, first_run: PlaybookRun
+) -> None:
+    found = by_name(moto_server)
+    expected = {
+        f"{CLUSTER}-mysql-001a", f"{CLUSTER}-mysql-001b",
+        f"{CLUSTER}-mysql-002a", f"{CLUSTER}-mysql-002b",
+        f"{CLUSTER}-zookeeper-001", f"{CLUSTER}-zookeeper-002", f"{CLUSTER}-zookeeper-003",
+        f"{CLUSTER}-redis-001", f"{CLUSTER}-memcached-001",
+    }  # fmt: skip
+    assert set(found) == expected
+    for name, inst in found.items():
+        tags = inst["TagMap"]
+        assert tags["cluster"] == CLUSTER, name
+        assert name.startswith(f"{CLUSTER}-{tags['component']}-"), name
+        assert inst["State"]["Name"] == "running", name
+    for pair in ("001", "002"):
+        a, b = found[f"{CLUSTER}-mysql-{pair}a"], found[f"{CLUSTER}-mysql-{pair}b"]
+        assert (a["TagMap"]["pair"], a["TagMap"]["side"]) == (str(int(pair)), "a")
+        assert (b["TagMap"]["pair"], b["TagMap"]["side"]) == (str(int(pair)), "b")
+        za, zb = a["Placement"]["AvailabilityZone"], b["Placement"]["AvailabilityZone"]
+        assert za != zb, f"pair {pair}: both sides in {za}"
+    zk_zones = {
+        found[f"{CLUSTER}-zookeeper-00{i}"]["Placement"]["AvailabilityZone"] for i in (1, 2, 3)
+    }
+    assert len(zk_zones) == 3, f"ZooKeeper quorum not spread over zones: {zk_zones}"
+    assert found[f"{CLUSTER}-zookeeper-001"]["InstanceType"] == "t3.small"
+    assert found[f"{CLUSTER}-mysql-001a"]["InstanceType"] == "r6i.large"
+
+
+def test_each_instance_is_in_its_own_component_group_only(
+    moto_server: Moto, first_run: PlaybookRun
+) -> None:
+    for name, inst in by_name(moto_server).items():
+        groups = [g["GroupName"] for g in inst["SecurityGroups"]]
+        assert groups == [f"{CLUSTER}-{inst['TagMap']['component']}"], f"{name}: {groups}"
+
+
+def test_ami_is_the_newest_match_of_the_owner_and_name_filters(
+    moto_server: Moto, first_run: PlaybookRun
+) -> None:
+    images = moto_server.client().describe_images(
+        Owners=["137112412989"],
+        Filters=[
+            {"Name": "name", "Values": ["al2023-ami-2023.*-kernel-6.1-x86_64"]},
+            {"Name": "architecture", "Values": ["x86_64"]},
+        ],
+    )["Images"]
+    assert images, "moto no longer ships the test AMI: adjust TEST_AMI_VARS"
+    newest = max(images, key=lambda i: i["CreationDate"])["ImageId"]
+    assert {i["ImageId"] for i in by_name(moto_server).values()} == {newest}
+
+
+def test_mysql_instances_get_a_gp3_data_volume_and_the_others_none(
+    moto_server: Moto, first_run: PlaybookRun
+) -> None:
+    ec2 = moto_server.client()
+    for name, inst in by_name(moto_server).items():
+        data = [b for b in inst["BlockDeviceMappings"] if b["DeviceName"] == "/dev/sdf"]
+        if inst["TagMap"]["component"] != "mysql":
+            assert not data, f"{name} has a data volume"
+            continue
+        assert len(data) == 1, f"{name}: no data volume on /dev/sdf"
+        vol = ec2.describe_volumes(VolumeIds=[data[0]["Ebs"]["VolumeId"]])["Volumes"][0]
+        assert vol["VolumeType"] == "gp3", name
+        assert vol["Size"] == DATA_VOLUME["size"], name
+        assert vol["Iops"] == DATA_VOLUME["iops"], name
+        # moto accepts but does not echo Throughput; real EC2 does.
+        if "Throughput" in vol:
+            assert vol["Throughput"] == DATA_VOLUME["throughput"], name
+        assert vol["AvailabilityZone"] == inst["Placement"]["AvailabilityZone"]
+
+
+def test_security_groups_allow_exactly_the_fleets_own_traffic(
+    moto_server: Moto, first_run: PlaybookRun
+) -> None:
+    ec2 = moto_server.client()
+    groups = ec2.describe_security_groups(Filters=[{"Name": "tag:cluster", "Values": [CLUSTER]}])[
+        "SecurityGroups"
+    ]
+    names = {g["GroupId"]: g["GroupName"].removeprefix(f"{CLUSTER}-") for g in groups}
+    assert set(names.values()) == {"mysql", "zookeeper", "redis", "memcached", "client"}
+    actual: set[tuple[str, int, int, str]] = set()
+    for g in groups:
+        for perm in g["IpPermissions"]:
+            assert perm["IpProtocol"] == "tcp", f"{g['GroupName']}: non-TCP rule {perm}"
+            for pair in perm.get("UserIdGroupPairs", []):
+                source = names.get(pair["GroupId"], f"FOREIGN:{pair['GroupId']}")
+                actual.add((names[g["GroupId"]], perm["FromPort"], perm["ToPort"], source))
+            for rng in perm.get("IpRanges", []):
+                actual.add((names[g["GroupId"]], perm["FromPort"], perm["ToPort"], rng["CidrIp"]))
+            assert not perm.get("Ipv6Ranges") and not perm.get("PrefixListIds"), perm
+    expected = {
+        ("mysql", 3306, 3306, "mysql"),
+        ("mysql", 3306, 3306, "client"),
+        ("zookeeper", 2181, 2181, "zookeeper"),
+        ("zookeeper", 2181, 2181, "mysql"),
+        ("zookeeper", 2181, 2181, "client"),
+        ("zookeeper", 2888, 2888, "zookeeper"),
+        ("zookeeper", 3888, 3888, "zookeeper"),
+        ("redis", 6379, 6379, "client"),
+        ("memcached", 11211, 11211, "client"),
+    } | {(c, 22, 22, ADMIN) for c in ("mysql", "zookeeper", "redis", "memcached")}
+    assert actual == expected, (
+        f"unexpected rules: {sorted(actual - expected)}; missing rules: {sorted(expected - actual)}"
+    )
+
+
+def test_aws_ec2_inventory_groups_hosts_by_tag_like_the_local_inventory(
+    moto_server: Moto, first_run: PlaybookRun, tmp_path: Path
+) -> None:
+    inv = write_test_inventory(moto_server, tmp_path / "inv")
+    data = inventory_list(moto_server, inv, CLUSTER)
+    hostvars = data["_meta"]["hostvars"]
+    hosts = {
+        g: set(data.get(g, {}).get("hosts", []))
+        for g in ("mysql", "zookeeper", "redis", "memcached")
+    }
+    assert hosts == {
+        "mysql": {f"{CLUSTER}-mysql-00{p}{s}" for p in (1, 2) for s in "ab"},
+        "zookeeper": {f"{CLUSTER}-zookeeper-00{i}" for i in (1, 2, 3)},
+        "redis": {f"{CLUSTER}-redis-001"},
+        "memcached": {f"{CLUSTER}-memcached-001"},
+    }
+    for name in hosts["mysql"]:
+        hv = hostvars[name]
+        assert hv["shardfleet_pair"] == int(name[-4:-1]), name
+        assert hv["shardfleet_side"] == name[-1], name
+    live = by_name(moto_server)
+    for name, hv in hostvars.items():
+        assert hv["ansible_host"] == live[name]["PublicIpAddress"], name
+    extra = set(data) - {"_meta", "all", "ungrouped", "aws_ec2", *hosts}
+    assert not extra, f"the aws inventory makes groups the local one lacks: {extra}"
+
+
+def test_rerun_changes_nothing(moto_server: Moto, first_run: PlaybookRun, vars_dir: Path) -> None:
+    before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    rerun = provision(moto_server, vars_dir, table(pairs=2)).check()
+    assert rerun.changed == 0, f"a rerun changed {rerun.changed} tasks:\n{rerun.output[-6000:]}"
+    assert {n: i["InstanceId"] for n, i in by_name(moto_server).items()} == before
+
+
+def test_growing_the_pair_count_adds_only_the_new_pair(
+    moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
+) -> None:
+    before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    grown = provision(moto_server, vars_dir, table(pairs=3)).check()
+    assert grown.changed > 0
+    after = by_name(moto_server)
+    assert {n: after[n]["InstanceId"] for n in before} == before, "existing instances were replaced"
+    new = set(after) - set(before)
+    assert new == {f"{CLUSTER}-mysql-003a", f"{CLUSTER}-mysql-003b"}
+    za = after[f"{CLUSTER}-mysql-003a"]["Placement"]["AvailabilityZone"]
+    zb = after[f"{CLUSTER}-mysql-003b"]["Placement"]["AvailabilityZone"]
+    assert za != zb, f"new pair: both sides in {za}"
+
+
+def test_shrinking_the_count_terminates_nothing(
+    moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
+) -> None:
+    before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    assert f"{CLUSTER}-mysql-003a" in before, "needs the grown fleet of the previous test"
+    shrunk = provision(moto_server, vars_dir, table(pairs=2)).check()
+    assert shrunk.changed == 0, shrunk.output[-6000:]
+    after = by_name(moto_server)
+    assert {n: i["InstanceId"] for n, i in after.items()} == before
+    assert all(i["State"]["Name"] == "running" for i in after.values())
+
+
+def test_terminate_extra_removes_only_what_the_table_dropped(
+    moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
+) -> None:
+    before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    run = provision(
+        moto_server, vars_dir, {**table(pairs=2), "ec2_fleet_terminate_extra": True}
+    ).check()
+    assert run.changed > 0
+    after = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    assert set(before) - set(after) == {f"{CLUSTER}-mysql-003a", f"{CLUSTER}-mysql-003b"}
+    assert all(before[n] == after[n] for n in after)
+
+
+@pytest.mark.parametrize("cidr", ["", "0.0.0.0/0"])
+def test_ssh_needs_an_explicit_admin_cidr_that_is_not_the_world(
+    moto_server: Moto, tmp_path: Path, cidr: str
+) -> None:
+    run = provision(moto_server, tmp_path, {**table(pairs=1), "ec2_fleet_admin_cidr": cidr})
+    assert run.rc != 0 and "ec2_fleet_admin_cidr" in run.output, run.output[-3000:]
+
+
+def test_the_shipped_defaults_point_at_real_aws() -> None:
+    text = "\n".join(
+        p.read_text()
+        for p in [
+            REPO / "roles/ec2_fleet/defaults/main.yml",
+            REPO / "playbooks/provision-aws.yml",
+            *sorted((REPO / "inventories/aws").rglob("*.yml")),
+        ]
+    )
+    assert "127.0.0.1" not in text and "localhost:" not in text
+    assert (
+        "endpoint_url:"
+        not in (REPO / "inventories/aws").joinpath("shardfleet.aws_ec2.yml").read_text()
+    )
