@@ -6,6 +6,7 @@ inventory default to real AWS, and get ``endpoint_url`` from here.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ def free_port() -> int:
 class Moto:
     url: str
     port: int
+    recording: Path
 
     def client(self, service: str = "ec2") -> Any:
         import boto3
@@ -65,6 +68,35 @@ class Moto:
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         )
+
+    def mark(self) -> int:
+        """A position in the request recording; pass it to ``requests``."""
+        return len(self._lines())
+
+    def requests(self, since: int = 0) -> list[dict[str, str]]:
+        """EC2 query API requests (form fields, ``Action`` first) recorded after ``since``."""
+        out = []
+        for line in self._lines()[since:]:
+            entry = json.loads(line)
+            body = entry.get("body") or ""
+            if entry.get("body_encoded"):
+                body = base64.b64decode(body).decode("utf-8", "replace")
+            fields = {k: v[-1] for k, v in urllib.parse.parse_qs(body).items()}
+            if "Action" in fields:
+                out.append(fields)
+        return out
+
+    def _lines(self) -> list[str]:
+        if not self.recording.exists():
+            return []
+        return [ln for ln in self.recording.read_text().splitlines() if ln.strip()]
+
+
+# EC2 API calls that change something; a rerun must send none of them.
+MUTATING = re.compile(
+    r"^(Create|Delete|Run|Terminate|Authorize|Revoke|Modify|Associate|Disassociate|Attach|Detach|"
+    r"Replace|Update|Start|Stop|Reboot)"
+)
 
 
 @dataclass
@@ -154,7 +186,18 @@ def inventory_list(moto: Moto, inventory: Path, cluster: str) -> dict[str, Any]:
         timeout=120,
     )
     assert proc.returncode == 0, f"ansible-inventory failed:\n{proc.stdout}\n{proc.stderr}"
-    return dict(json.loads(proc.stdout))
+    return dict(_unwrap_unsafe(json.loads(proc.stdout)))
+
+
+def _unwrap_unsafe(value: Any) -> Any:
+    """ansible-inventory --list writes strings from a plugin as {"__ansible_unsafe": "..."}."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: _unwrap_unsafe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap_unsafe(v) for v in value]
+    return value
 
 
 def instances(moto: Moto, cluster: str) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.aws.helpers import (
+    MUTATING,
     REPO,
     Moto,
     PlaybookRun,
@@ -153,11 +154,20 @@ def test_mysql_instances_get_a_gp3_data_volume_and_the_others_none(
         vol = ec2.describe_volumes(VolumeIds=[data[0]["Ebs"]["VolumeId"]])["Volumes"][0]
         assert vol["VolumeType"] == "gp3", name
         assert vol["Size"] == DATA_VOLUME["size"], name
-        assert vol["Iops"] == DATA_VOLUME["iops"], name
-        # moto accepts but does not echo Throughput; real EC2 does.
-        if "Throughput" in vol:
-            assert vol["Throughput"] == DATA_VOLUME["throughput"], name
         assert vol["AvailabilityZone"] == inst["Placement"]["AvailabilityZone"]
+    # moto drops IOPS and throughput of a launch's block device mapping: read the request.
+    launches = [r for r in moto_server.requests() if r["Action"] == "RunInstances"]
+    mysql = [r for r in launches if "-mysql-" in str(r)]
+    assert len(mysql) == 4, f"expected 4 MySQL launches, saw {len(mysql)}"
+    for req in mysql:
+        mapping = {k.removeprefix("BlockDeviceMapping.1."): v for k, v in req.items()}
+        assert mapping.get("DeviceName") == "/dev/sdf", req
+        assert mapping.get("Ebs.VolumeType") == "gp3", req
+        assert mapping.get("Ebs.VolumeSize") == str(DATA_VOLUME["size"]), req
+        assert mapping.get("Ebs.Iops") == str(DATA_VOLUME["iops"]), req
+        assert mapping.get("Ebs.Throughput") == str(DATA_VOLUME["throughput"]), req
+    others = [r for r in launches if "-mysql-" not in str(r)]
+    assert others and not any("BlockDeviceMapping.1.DeviceName" in r for r in others)
 
 
 def test_security_groups_allow_exactly_the_fleets_own_traffic(
@@ -224,21 +234,34 @@ def test_aws_ec2_inventory_groups_hosts_by_tag_like_the_local_inventory(
 
 def test_rerun_changes_nothing(moto_server: Moto, first_run: PlaybookRun, vars_dir: Path) -> None:
     before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    mark = moto_server.mark()
     rerun = provision(moto_server, vars_dir, table(pairs=2)).check()
     assert rerun.changed == 0, f"a rerun changed {rerun.changed} tasks:\n{rerun.output[-6000:]}"
     assert {n: i["InstanceId"] for n, i in by_name(moto_server).items()} == before
+    writes = [r["Action"] for r in moto_server.requests(mark) if MUTATING.match(r["Action"])]
+    assert not writes, f"a rerun sent EC2 write calls: {writes}"
 
 
 def test_growing_the_pair_count_adds_only_the_new_pair(
     moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
 ) -> None:
     before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
+    mark = moto_server.mark()
     grown = provision(moto_server, vars_dir, table(pairs=3)).check()
     assert grown.changed > 0
     after = by_name(moto_server)
     assert {n: after[n]["InstanceId"] for n in before} == before, "existing instances were replaced"
     new = set(after) - set(before)
     assert new == {f"{CLUSTER}-mysql-003a", f"{CLUSTER}-mysql-003b"}
+    # Two launches; anything else written must concern the new instances only
+    # (ec2_instance re-applies the security groups of an instance it just launched).
+    writes = [r for r in moto_server.requests(mark) if MUTATING.match(r["Action"])]
+    assert [r["Action"] for r in writes].count("RunInstances") == 2, writes
+    new_ids = {after[n]["InstanceId"] for n in new}
+    stray = [
+        r for r in writes if r["Action"] != "RunInstances" and r.get("InstanceId") not in new_ids
+    ]
+    assert not stray, f"growing touched existing resources: {stray}"
     za = after[f"{CLUSTER}-mysql-003a"]["Placement"]["AvailabilityZone"]
     zb = after[f"{CLUSTER}-mysql-003b"]["Placement"]["AvailabilityZone"]
     assert za != zb, f"new pair: both sides in {za}"
@@ -249,8 +272,11 @@ def test_shrinking_the_count_terminates_nothing(
 ) -> None:
     before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
     assert f"{CLUSTER}-mysql-003a" in before, "needs the grown fleet of the previous test"
+    mark = moto_server.mark()
     shrunk = provision(moto_server, vars_dir, table(pairs=2)).check()
     assert shrunk.changed == 0, shrunk.output[-6000:]
+    writes = [r["Action"] for r in moto_server.requests(mark) if MUTATING.match(r["Action"])]
+    assert not writes, f"shrinking without ec2_fleet_terminate_extra sent: {writes}"
     after = by_name(moto_server)
     assert {n: i["InstanceId"] for n, i in after.items()} == before
     assert all(i["State"]["Name"] == "running" for i in after.values())
