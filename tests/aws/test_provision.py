@@ -25,6 +25,8 @@ from tests.aws.helpers import (
 pytestmark = pytest.mark.integration
 
 CLUSTER = "sfaws-it"
+# host name stem per component, as in inventories/local (sf-mysql001a, sf-zk1, ...)
+STEM = {"mysql": "mysql", "zookeeper": "zk", "redis": "redis", "memcached": "memcached"}
 VPC_CIDR = "10.42.0.0/16"
 SUBNETS = ["10.42.0.0/20", "10.42.16.0/20", "10.42.32.0/20"]
 ADMIN = "198.51.100.0/24"
@@ -93,29 +95,27 @@ def test_instances_carry_tags_and_mysql_pair_sides_sit_in_different_zones(
 ) -> None:
     found = by_name(moto_server)
     expected = {
-        f"{CLUSTER}-mysql-001a", f"{CLUSTER}-mysql-001b",
-        f"{CLUSTER}-mysql-002a", f"{CLUSTER}-mysql-002b",
-        f"{CLUSTER}-zookeeper-001", f"{CLUSTER}-zookeeper-002", f"{CLUSTER}-zookeeper-003",
-        f"{CLUSTER}-redis-001", f"{CLUSTER}-memcached-001",
+        f"{CLUSTER}-mysql001a", f"{CLUSTER}-mysql001b",
+        f"{CLUSTER}-mysql002a", f"{CLUSTER}-mysql002b",
+        f"{CLUSTER}-zk1", f"{CLUSTER}-zk2", f"{CLUSTER}-zk3",
+        f"{CLUSTER}-redis1", f"{CLUSTER}-memcached1",
     }  # fmt: skip
     assert set(found) == expected
     for name, inst in found.items():
         tags = inst["TagMap"]
         assert tags["cluster"] == CLUSTER, name
-        assert name.startswith(f"{CLUSTER}-{tags['component']}-"), name
+        assert name.startswith(f"{CLUSTER}-{STEM[tags['component']]}"), name
         assert inst["State"]["Name"] == "running", name
     for pair in ("001", "002"):
-        a, b = found[f"{CLUSTER}-mysql-{pair}a"], found[f"{CLUSTER}-mysql-{pair}b"]
-        assert (a["TagMap"]["pair"], a["TagMap"]["side"]) == (str(int(pair)), "a")
-        assert (b["TagMap"]["pair"], b["TagMap"]["side"]) == (str(int(pair)), "b")
+        a, b = found[f"{CLUSTER}-mysql{pair}a"], found[f"{CLUSTER}-mysql{pair}b"]
+        assert (a["TagMap"]["pair"], a["TagMap"]["side"]) == (f"pair{pair}", "a")
+        assert (b["TagMap"]["pair"], b["TagMap"]["side"]) == (f"pair{pair}", "b")
         za, zb = a["Placement"]["AvailabilityZone"], b["Placement"]["AvailabilityZone"]
         assert za != zb, f"pair {pair}: both sides in {za}"
-    zk_zones = {
-        found[f"{CLUSTER}-zookeeper-00{i}"]["Placement"]["AvailabilityZone"] for i in (1, 2, 3)
-    }
+    zk_zones = {found[f"{CLUSTER}-zk{i}"]["Placement"]["AvailabilityZone"] for i in (1, 2, 3)}
     assert len(zk_zones) == 3, f"ZooKeeper quorum not spread over zones: {zk_zones}"
-    assert found[f"{CLUSTER}-zookeeper-001"]["InstanceType"] == "t3.small"
-    assert found[f"{CLUSTER}-mysql-001a"]["InstanceType"] == "r6i.large"
+    assert found[f"{CLUSTER}-zk1"]["InstanceType"] == "t3.small"
+    assert found[f"{CLUSTER}-mysql001a"]["InstanceType"] == "r6i.large"
 
 
 def test_each_instance_is_in_its_own_component_group_only(
@@ -157,7 +157,7 @@ def test_mysql_instances_get_a_gp3_data_volume_and_the_others_none(
         assert vol["AvailabilityZone"] == inst["Placement"]["AvailabilityZone"]
     # moto drops IOPS and throughput of a launch's block device mapping: read the request.
     launches = [r for r in moto_server.requests() if r["Action"] == "RunInstances"]
-    mysql = [r for r in launches if "-mysql-" in str(r)]
+    mysql = [r for r in launches if f"{CLUSTER}-mysql" in str(r)]
     assert len(mysql) == 4, f"expected 4 MySQL launches, saw {len(mysql)}"
     for req in mysql:
         mapping = {k.removeprefix("BlockDeviceMapping.1."): v for k, v in req.items()}
@@ -166,7 +166,7 @@ def test_mysql_instances_get_a_gp3_data_volume_and_the_others_none(
         assert mapping.get("Ebs.VolumeSize") == str(DATA_VOLUME["size"]), req
         assert mapping.get("Ebs.Iops") == str(DATA_VOLUME["iops"]), req
         assert mapping.get("Ebs.Throughput") == str(DATA_VOLUME["throughput"]), req
-    others = [r for r in launches if "-mysql-" not in str(r)]
+    others = [r for r in launches if f"{CLUSTER}-mysql" not in str(r)]
     assert others and not any("BlockDeviceMapping.1.DeviceName" in r for r in others)
 
 
@@ -216,18 +216,19 @@ def test_aws_ec2_inventory_groups_hosts_by_tag_like_the_local_inventory(
         for g in ("mysql", "zookeeper", "redis", "memcached")
     }
     assert hosts == {
-        "mysql": {f"{CLUSTER}-mysql-00{p}{s}" for p in (1, 2) for s in "ab"},
-        "zookeeper": {f"{CLUSTER}-zookeeper-00{i}" for i in (1, 2, 3)},
-        "redis": {f"{CLUSTER}-redis-001"},
-        "memcached": {f"{CLUSTER}-memcached-001"},
+        "mysql": {f"{CLUSTER}-mysql00{p}{s}" for p in (1, 2) for s in "ab"},
+        "zookeeper": {f"{CLUSTER}-zk{i}" for i in (1, 2, 3)},
+        "redis": {f"{CLUSTER}-redis1"},
+        "memcached": {f"{CLUSTER}-memcached1"},
     }
     for name in hosts["mysql"]:
         hv = hostvars[name]
-        assert hv["shardfleet_pair"] == int(name[-4:-1]), name
+        assert hv["shardfleet_pair"] == f"pair{name[-4:-1]}", name
         assert hv["shardfleet_side"] == name[-1], name
     live = by_name(moto_server)
     for name, hv in hostvars.items():
         assert hv["ansible_host"] == live[name]["PublicIpAddress"], name
+        assert hv["shardfleet_address"] == live[name]["PrivateIpAddress"], name
     extra = set(data) - {"_meta", "all", "ungrouped", "aws_ec2", *hosts}
     assert not extra, f"the aws inventory makes groups the local one lacks: {extra}"
 
@@ -252,7 +253,7 @@ def test_growing_the_pair_count_adds_only_the_new_pair(
     after = by_name(moto_server)
     assert {n: after[n]["InstanceId"] for n in before} == before, "existing instances were replaced"
     new = set(after) - set(before)
-    assert new == {f"{CLUSTER}-mysql-003a", f"{CLUSTER}-mysql-003b"}
+    assert new == {f"{CLUSTER}-mysql003a", f"{CLUSTER}-mysql003b"}
     # Two launches; anything else written must concern the new instances only
     # (ec2_instance re-applies the security groups of an instance it just launched).
     writes = [r for r in moto_server.requests(mark) if MUTATING.match(r["Action"])]
@@ -262,8 +263,8 @@ def test_growing_the_pair_count_adds_only_the_new_pair(
         r for r in writes if r["Action"] != "RunInstances" and r.get("InstanceId") not in new_ids
     ]
     assert not stray, f"growing touched existing resources: {stray}"
-    za = after[f"{CLUSTER}-mysql-003a"]["Placement"]["AvailabilityZone"]
-    zb = after[f"{CLUSTER}-mysql-003b"]["Placement"]["AvailabilityZone"]
+    za = after[f"{CLUSTER}-mysql003a"]["Placement"]["AvailabilityZone"]
+    zb = after[f"{CLUSTER}-mysql003b"]["Placement"]["AvailabilityZone"]
     assert za != zb, f"new pair: both sides in {za}"
 
 
@@ -271,7 +272,7 @@ def test_shrinking_the_count_terminates_nothing(
     moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
 ) -> None:
     before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
-    assert f"{CLUSTER}-mysql-003a" in before, "needs the grown fleet of the previous test"
+    assert f"{CLUSTER}-mysql003a" in before, "needs the grown fleet of the previous test"
     mark = moto_server.mark()
     shrunk = provision(moto_server, vars_dir, table(pairs=2)).check()
     assert shrunk.changed == 0, shrunk.output[-6000:]
@@ -291,7 +292,7 @@ def test_terminate_extra_removes_only_what_the_table_dropped(
     ).check()
     assert run.changed > 0
     after = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
-    assert set(before) - set(after) == {f"{CLUSTER}-mysql-003a", f"{CLUSTER}-mysql-003b"}
+    assert set(before) - set(after) == {f"{CLUSTER}-mysql003a", f"{CLUSTER}-mysql003b"}
     assert all(before[n] == after[n] for n in after)
 
 
