@@ -88,6 +88,8 @@ class Store:
         self._pool = ThreadPoolExecutor(max_workers=max_workers,
                                         thread_name_prefix="shardfleet-q")
         self._rng = rng or random.Random()
+        # (shard, type) -> SELECT text; at most shards x types entries
+        self._get_sql: dict[tuple[int, int], str] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
@@ -188,21 +190,40 @@ class Store:
 
     def get(self, object_id: int, *, include_inactive: bool = False) -> Body:
         """The object's body; :class:`ObjectNotFound` if absent or soft-deleted."""
-        oid, table = self._object_table(object_id)
-        sql = f"SELECT body FROM {table} WHERE local_id=%s"
-
-        def run(conn: pymysql.connections.Connection) -> Any:
-            with conn.cursor() as cur:
-                cur.execute(sql, (oid.local,))
-                return cur.fetchone()
-
-        row = self._on_master(oid.shard, run, write=False)
+        oid = ids.decompose(object_id)
+        key = (oid.shard, oid.type)
+        sql = self._get_sql.get(key)
+        if sql is None:
+            table = f"`{shard_database(oid.shard)}`.`{self.schema.object_type(oid.type).table}`"
+            sql = self._get_sql[key] = f"SELECT body FROM {table} WHERE local_id=%s"
+        row = self._read_one(oid.shard, sql, (oid.local,))
         if row is None:
             raise ObjectNotFound(f"object {object_id} not found")
         body = json.loads(row[0])
         if not include_inactive and body.get("active") is False:
             raise ObjectNotFound(f"object {object_id} was deleted")
         return body
+
+    def _read_one(self, shard: int, sql: str, params: tuple[Any, ...]) -> Any:
+        """The hot path of a single-row read; any error falls back to :meth:`_on_master`."""
+        pool = self.router.pool(self.router.range_for(shard).master)
+        conn = pool.get()
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, params)
+            row = cur.fetchone()
+        except pymysql.err.MySQLError:
+            pool.discard(conn)
+        else:
+            pool.put(conn)
+            return row
+
+        def run(conn: pymysql.connections.Connection) -> Any:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchone()
+
+        return self._on_master(shard, run, write=False)
 
     def get_many(self, object_ids: Sequence[int], *, include_inactive: bool = False
                  ) -> ManyResult:
@@ -218,8 +239,10 @@ class Store:
         for attempt in (0, 1):
             jobs = list(by_server.items())
             try:
-                results = ([self._fetch_many(*jobs[0])] if len(jobs) == 1
-                           else list(self._pool.map(lambda j: self._fetch_many(*j), jobs)))
+                # all but the last server go to the pool; the calling thread takes the last
+                futures = [self._pool.submit(self._fetch_many, *j) for j in jobs[:-1]]
+                results = [self._fetch_many(*jobs[-1])] if jobs else []
+                results += [f.result() for f in futures]
                 break
             except pymysql.err.MySQLError as exc:
                 errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
