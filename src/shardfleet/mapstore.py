@@ -13,6 +13,7 @@ Layout in ZooKeeper, under a configurable root (default ``/shardfleet``)::
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Callable
@@ -131,8 +132,12 @@ class ZooKeeperMapStore:
             connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
             command_retry=KazooRetry(max_tries=2, max_delay=1.0),
         )
-        self._started = threading.Event()
         self._start()
+        # kazoo's own exit hook joins its worker threads, which wait forever on a
+        # watch retrying against an absent ensemble; stopping the client first
+        # (exit hooks run last-registered first) fails those waits and lets the
+        # process exit.
+        atexit.register(self.close)
 
     def _start(self) -> None:
         event = self.client.start_async()
@@ -271,9 +276,17 @@ class ZooKeeperMapStore:
 
         threading.Thread(target=establish, name="shardfleet-map-watch", daemon=True).start()
 
-    def close(self) -> None:
-        try:
-            self.client.stop()
-            self.client.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
-            log.debug("error closing ZooKeeper client", exc_info=True)
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the client. Bounded: a watch still retrying against an absent
+        ensemble must not hold the caller (kazoo's threads are daemons)."""
+        def stop() -> None:
+            try:
+                self.client.stop()
+                self.client.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                log.debug("error closing ZooKeeper client", exc_info=True)
+
+        atexit.unregister(self.close)
+        t = threading.Thread(target=stop, name="shardfleet-zk-close", daemon=True)
+        t.start()
+        t.join(timeout)
