@@ -2,10 +2,9 @@
 """ZooKeeper checks for the molecule verify step (runs inside a fleet container).
 
   zk_check.py mode HOST                 print the node's Mode (srvr four-letter word)
-  zk_check.py rw HOSTS ZNODE            as admin (ZK_ADMIN=user:password): write ZNODE, read it back
+  zk_check.py rw HOSTS ZNODE            as admin ("user:password" on stdin): write ZNODE, read it back
   zk_check.py anon HOSTS ZNODE          anonymous: reading ZNODE works, creating a child is refused
 """
-import os
 import socket
 import sys
 import time
@@ -43,7 +42,7 @@ def main():
         return 0
     hosts, znode = sys.argv[2], sys.argv[3]
     if cmd == "rw":
-        zk = client(hosts, os.environ["ZK_ADMIN"])
+        zk = client(hosts, sys.stdin.readline().strip())
         try:
             value = ("written at %f" % time.time()).encode()
             if zk.exists(znode):

@@ -1,0 +1,124 @@
+"""The e2e fleet: site.yml applied by ansible-playbook to fresh podman containers.
+
+The fleet is the shipped local inventory (inventories/local) renamed so it never
+touches a developer's `make fleet`: containers ``sfe2e-*`` instead of ``sf-*``,
+network ``shardfleet-e2e`` on 10.242.1.0/24, label ``shardfleet.fleet=e2e``.
+Containers from an earlier run are removed first (fresh containers), and again at
+the end unless SHARDFLEET_E2E_KEEP=1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+LOCAL_INVENTORY = REPO / "inventories" / "local"
+PREFIX_FROM, PREFIX_TO = "sf-", "sfe2e-"
+NET_FROM, NET_TO = "10.242.0.", "10.242.1."
+E2E_VARS = {
+    "shardfleet_network": "shardfleet-e2e",
+    "shardfleet_network_subnet": "10.242.1.0/24",
+    "shardfleet_fleet_label": "e2e",
+}
+PLAYBOOK_TIMEOUT = 900  # seconds; a fresh site.yml takes about 90 s here
+
+
+@dataclass
+class Run:
+    """One ansible-playbook run: exit code, combined output, wall time."""
+
+    rc: int
+    output: str
+    seconds: float
+
+    def recap(self) -> dict[str, dict[str, int]]:
+        """PLAY RECAP counters per host."""
+        out: dict[str, dict[str, int]] = {}
+        for m in re.finditer(r"^(\S+)\s+: ((?:\w+=\d+\s*)+)$", self.output, re.M):
+            out[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+        return out
+
+
+@dataclass
+class Fleet:
+    inventory: Path
+    extra_vars: Path
+    hosts: dict[str, dict[str, Any]]  # inventory name -> host vars (with group)
+    secrets: dict[str, str]
+    runs: dict[str, Run] = field(default_factory=dict)
+
+    def playbook(self, name: str, *args: str) -> Run:
+        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_FORCE_COLOR="0", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+        start = time.monotonic()
+        proc = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-i", str(self.inventory), "-e", f"@{self.extra_vars}",
+             str(REPO / "playbooks" / name), *args],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            timeout=PLAYBOOK_TIMEOUT, check=False)
+        return Run(proc.returncode, proc.stdout, time.monotonic() - start)
+
+    def group(self, name: str) -> list[str]:
+        return sorted(h for h, v in self.hosts.items() if v["group"] == name)
+
+    def ip(self, host: str) -> str:
+        return str(self.hosts[host]["shardfleet_container_ip"])
+
+
+def _write_inventory(dest: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    shutil.copytree(LOCAL_INVENTORY, dest)
+    text = (LOCAL_INVENTORY / "hosts.yml").read_text()
+    text = text.replace(f" {PREFIX_FROM}", f" {PREFIX_TO}").replace(NET_FROM, NET_TO)
+    (dest / "hosts.yml").write_text(text)
+    inv = yaml.safe_load(text)
+    hosts: dict[str, dict[str, Any]] = {}
+    for group, body in inv["all"]["children"]["fleet"]["children"].items():
+        for host, hv in body["hosts"].items():
+            hosts[host] = dict(hv, group=group)
+    assert hosts and all(h.startswith(PREFIX_TO) for h in hosts), hosts
+    vault = yaml.safe_load((LOCAL_INVENTORY / "group_vars" / "all" / "vault.yml").read_text())
+    return hosts, {k: str(v) for k, v in vault.items()}
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    if shutil.which("podman") is None:
+        pytest.fail("podman is missing: run `make host-deps`")
+    image = os.environ.get("SHARDFLEET_IMAGE", "localhost/shardfleet-base:bookworm")
+    if subprocess.run(["podman", "image", "exists", image], check=False).returncode != 0:
+        pytest.fail(f"image {image} is missing: run `make image`")
+    tmp = tmp_path_factory.mktemp("e2e")
+    hosts, secrets = _write_inventory(tmp / "inventory")
+    extra = tmp / "e2e-vars.yml"
+    extra.write_text(yaml.safe_dump(E2E_VARS))
+    f = Fleet(tmp / "inventory", extra, hosts, secrets)
+
+    down = f.playbook("fleet-down.yml")  # fresh containers: nothing left from an earlier run
+    assert down.rc == 0, down.output[-3000:]
+    up = f.playbook("fleet-up.yml")
+    assert up.rc == 0, f"fleet-up.yml failed:\n{up.output[-3000:]}"
+    f.runs["fleet-up"] = up
+    f.runs["site-fresh"] = f.playbook("site.yml")
+    if f.runs["site-fresh"].rc == 0:
+        # The rerun is also the -vvv run the password test reads.
+        f.runs["site-rerun-vvv"] = f.playbook("site.yml", "-vvv")
+    try:
+        yield f
+    finally:
+        timings = ", ".join(f"{k} {v.seconds:.0f}s" for k, v in f.runs.items())
+        print(f"\ne2e timings: {timings}")
+        if os.environ.get("SHARDFLEET_E2E_KEEP") != "1":
+            f.playbook("fleet-down.yml")

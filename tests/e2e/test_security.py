@@ -1,0 +1,147 @@
+"""Security checks on the e2e fleet: what the application and replication users
+can and cannot do. Shard databases are created here the way the shards role
+will (one GRANT per database), since site.yml has no shards play yet.
+
+MariaDB checks read_only before some privileges (CREATE TABLE on a read-only
+node fails with 1290 whatever the user may do), so the privilege checks run on
+pair001's side a made writable, as the shards play / a promotion will make a
+master; side b stays read-only, the standby."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pymysql
+import pytest
+
+from tests.e2e.conftest import Fleet
+from tests.e2e.test_site import mysql
+
+pytestmark = pytest.mark.e2e
+
+ACCESS_DENIED = {1044, 1045, 1142, 1143, 1227}  # db / login / table / column / privilege denied
+READ_ONLY = 1290  # --read-only: the privilege check passed, read_only refused the write
+APP_PRIVS = "SELECT, INSERT, UPDATE, DELETE"
+
+
+@pytest.fixture(scope="module")
+def shards(fleet: Fleet) -> Iterator[tuple[str, str]]:
+    """Two shard databases on pair001 with per-database grants; side a writable.
+
+    Yields (master, standby); puts read_only back on the master afterwards.
+    """
+    a, b = [n for n in fleet.group("mysql") if fleet.hosts[n]["shardfleet_pair"] == "pair001"]
+    with mysql(fleet, a) as conn, conn.cursor() as cur:
+        cur.execute("SET GLOBAL read_only = OFF")
+        for db in ("db00000", "db00001"):
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {db}.pins (local_id BIGINT AUTO_INCREMENT"
+                        " PRIMARY KEY, data JSON NOT NULL)")
+            cur.execute(f"INSERT INTO {db}.pins (data) VALUES ('{{\"secret\": 1}}')")
+            cur.execute(f"GRANT {APP_PRIVS} ON {db}.* TO 'shardfleet_app'@'%'")
+    deadline = time.monotonic() + 30
+    while True:  # the grants and rows replicate to b
+        with mysql(fleet, b) as conn, conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) AS n FROM mysql.db WHERE User = 'shardfleet_app'")
+            if cur.fetchone()["n"] >= 2:
+                break
+        assert time.monotonic() < deadline, "shard grants never replicated to the standby"
+        time.sleep(0.5)
+    try:
+        yield a, b
+    finally:
+        with mysql(fleet, a) as conn, conn.cursor() as cur:
+            cur.execute("SET GLOBAL read_only = ON")
+
+
+def denied(conn: pymysql.connections.Connection, sql: str) -> int:
+    """Run *sql*, expecting an error; return its MySQL error code."""
+    with conn.cursor() as cur:
+        try:
+            cur.execute(sql)
+        except pymysql.MySQLError as exc:
+            return int(exc.args[0])
+    raise AssertionError(f"{sql!r} succeeded")
+
+
+@pytest.mark.parametrize("sql", [
+    "CREATE TABLE db00000.evil (id INT)",
+    "CREATE DATABASE db09999",
+    "DROP TABLE db00000.pins",
+    "DROP DATABASE db00000",
+    "ALTER TABLE db00000.pins ADD COLUMN evil INT",
+    "SELECT * FROM mysql.user",
+    "SELECT * FROM mysql.db",
+    "GRANT SELECT ON db00000.* TO 'shardfleet_repl'@'%'",
+    "SET GLOBAL read_only = OFF",
+])
+def test_app_user_cannot(fleet: Fleet, shards: tuple[str, str], sql: str) -> None:
+    master, standby = shards
+    with mysql(fleet, master, "app") as conn:
+        code = denied(conn, sql)
+        assert code in ACCESS_DENIED, f"app user on the writable {master}: {sql!r} failed with {code}, not access denied"
+    with mysql(fleet, standby, "app") as conn:
+        code = denied(conn, sql)
+        assert code in ACCESS_DENIED | {READ_ONLY}, f"app user on {standby}: {sql!r} failed with {code}"
+
+
+def test_app_user_writes_its_shards_on_the_master_only(fleet: Fleet, shards: tuple[str, str]) -> None:
+    master, standby = shards
+    with mysql(fleet, master, "app") as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO db00000.pins (data) VALUES ('{}')")
+        cur.execute("UPDATE db00000.pins SET data = '{\"v\": 2}' WHERE local_id = %s", (cur.lastrowid,))
+        cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")
+        assert cur.fetchone()["n"] >= 2
+    with mysql(fleet, standby, "app") as conn, conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")  # reads work on the standby
+        # INSERT is granted, so the refusal must come from read_only, not privileges.
+        code = denied(conn, "INSERT INTO db00000.pins (data) VALUES ('{}')")
+        assert code == READ_ONLY, f"INSERT on the read-only standby failed with {code}, expected {READ_ONLY}"
+
+
+def test_one_shard_can_be_revoked_alone(fleet: Fleet, shards: tuple[str, str]) -> None:
+    a, _ = shards
+    with mysql(fleet, a) as conn, conn.cursor() as cur:
+        cur.execute(f"REVOKE {APP_PRIVS} ON db00001.* FROM 'shardfleet_app'@'%'")
+    try:
+        with mysql(fleet, a, "app") as conn, conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")  # still open
+            assert denied(conn, "SELECT * FROM db00001.pins") in ACCESS_DENIED
+    finally:
+        with mysql(fleet, a) as conn, conn.cursor() as cur:
+            cur.execute(f"GRANT {APP_PRIVS} ON db00001.* TO 'shardfleet_app'@'%'")
+
+
+def test_app_user_has_no_global_or_wildcard_grant(fleet: Fleet, shards: tuple[str, str]) -> None:
+    with mysql(fleet, shards[0]) as conn, conn.cursor() as cur:
+        cur.execute("SHOW GRANTS FOR 'shardfleet_app'@'%'")
+        grants = [next(iter(r.values())) for r in cur.fetchall()]
+    assert grants[0].startswith("GRANT USAGE ON *.* TO"), grants
+    for g in grants[1:]:
+        assert g.startswith(f"GRANT {APP_PRIVS} ON `db0000"), f"unexpected grant {g!r}"
+        assert "%" not in g.split(" TO ")[0] and "_" not in g.split(" TO ")[0].replace("\\_", ""), g
+
+
+def test_replication_user_cannot_read_shard_data(fleet: Fleet, shards: tuple[str, str]) -> None:
+    master, _ = shards
+    for node in shards:
+        # On the read-only standby, read_only may answer a DDL before the privilege check.
+        ddl_refusals = ACCESS_DENIED if node == master else ACCESS_DENIED | {READ_ONLY}
+        with mysql(fleet, node, "repl") as conn:
+            assert denied(conn, "SELECT * FROM db00000.pins") in ACCESS_DENIED
+            assert denied(conn, "SELECT * FROM mysql.user") in ACCESS_DENIED
+            assert denied(conn, "CREATE DATABASE db09998") in ddl_refusals
+            with conn.cursor() as cur:
+                cur.execute("SHOW DATABASES")
+                visible = {next(iter(r.values())) for r in cur.fetchall()}
+            assert not {"db00000", "db00001", "mysql"} & visible, visible
+
+
+def test_replication_user_has_only_replication_privileges(fleet: Fleet, shards: tuple[str, str]) -> None:
+    with mysql(fleet, shards[0]) as conn, conn.cursor() as cur:
+        cur.execute("SHOW GRANTS FOR 'shardfleet_repl'@'%'")
+        grants = [next(iter(r.values())) for r in cur.fetchall()]
+    # MariaDB shows REPLICATION CLIENT by its 10.5+ name, BINLOG MONITOR.
+    assert len(grants) == 1 and grants[0].startswith(
+        "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `shardfleet_repl`@`%`"), grants

@@ -1,0 +1,166 @@
+"""site.yml on fresh containers: it converges, a rerun changes nothing, the fleet
+works (replication both ways, ZooKeeper ensemble, caches), and its -vvv output
+holds none of the passwords."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pymysql
+import pytest
+
+from tests.e2e.conftest import Fleet
+
+pytestmark = pytest.mark.e2e
+
+
+def mysql(fleet: Fleet, host: str, user: str = "admin") -> pymysql.connections.Connection:
+    names = {"admin": "shardfleet_admin", "app": "shardfleet_app", "repl": "shardfleet_repl"}
+    secret = {"admin": "vault_mysql_admin_password", "app": "vault_mysql_app_password",
+              "repl": "vault_mysql_replication_password"}[user]
+    return pymysql.connect(host=fleet.ip(host), port=3306, user=names[user],
+                           password=fleet.secrets[secret], connect_timeout=5,
+                           autocommit=True, cursorclass=pymysql.cursors.DictCursor)
+
+
+def four_letter(host: str, word: bytes) -> str:
+    with socket.create_connection((host, 2181), timeout=5) as sock:
+        sock.sendall(word)
+        data = b""
+        for _ in range(20):  # bounded
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode()
+
+
+def test_fresh_site_converges(fleet: Fleet) -> None:
+    run = fleet.runs["site-fresh"]
+    assert run.rc == 0, f"site.yml failed on fresh containers:\n{run.output[-4000:]}"
+    recap = run.recap()
+    assert set(recap) == set(fleet.hosts), f"recap hosts {sorted(recap)} != inventory"
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in recap.values()), recap
+
+
+def test_rerun_changes_nothing(fleet: Fleet) -> None:
+    run = fleet.runs["site-rerun-vvv"]
+    assert run.rc == 0, f"site.yml rerun failed:\n{run.output[-4000:]}"
+    changed = {h: c["changed"] for h, c in run.recap().items() if c["changed"]}
+    assert not changed, f"site.yml rerun is not idempotent: changed per host {changed}"
+
+
+def test_vvv_output_has_no_password(fleet: Fleet) -> None:
+    out = fleet.runs["site-rerun-vvv"].output
+    assert len(out) > 10_000, "the -vvv run produced suspiciously little output"
+    leaked = [name for name, value in fleet.secrets.items() if value in out]
+    assert not leaked, f"ansible-playbook -vvv site.yml printed the values of {leaked}"
+
+
+def test_rows_replicate_both_ways_in_every_pair(fleet: Fleet) -> None:
+    nodes = fleet.group("mysql")
+    pairs: dict[str, list[str]] = {}
+    for n in nodes:
+        pairs.setdefault(fleet.hosts[n]["shardfleet_pair"], []).append(n)
+    for pair, (a, b) in sorted(pairs.items()):
+        with mysql(fleet, a) as conn, conn.cursor() as cur:
+            cur.execute("CREATE DATABASE IF NOT EXISTS e2e_repl")
+            cur.execute("CREATE TABLE IF NOT EXISTS e2e_repl.t (id INT AUTO_INCREMENT PRIMARY KEY,"
+                        " origin VARCHAR(64) NOT NULL)")
+        for writer in (a, b):
+            deadline = time.monotonic() + 30
+            while True:  # the table reaches b asynchronously
+                try:
+                    with mysql(fleet, writer) as conn, conn.cursor() as cur:
+                        # The admin user writes despite read_only (READ_ONLY ADMIN).
+                        cur.execute("INSERT INTO e2e_repl.t (origin) VALUES (%s)", (writer,))
+                    break
+                except pymysql.err.ProgrammingError:
+                    assert time.monotonic() < deadline, f"{pair}: table never reached {writer}"
+                    time.sleep(0.5)
+        for reader, writer in ((a, b), (b, a)):
+            deadline = time.monotonic() + 30
+            while True:
+                with mysql(fleet, reader) as conn, conn.cursor() as cur:
+                    cur.execute("SELECT COUNT(*) AS n FROM e2e_repl.t WHERE origin = %s", (writer,))
+                    if cur.fetchone()["n"] >= 1:
+                        break
+                assert time.monotonic() < deadline, f"{pair}: a row written on {writer} never reached {reader}"
+                time.sleep(0.5)
+
+
+def test_every_node_is_read_only_and_replicating(fleet: Fleet) -> None:
+    for n in fleet.group("mysql"):
+        with mysql(fleet, n) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.read_only AS ro")
+            assert cur.fetchone()["ro"] == 1, f"{n} is writable after site.yml"
+            cur.execute("SHOW REPLICA STATUS")
+            rs = cur.fetchone()
+            assert rs and rs["Slave_IO_Running"] == "Yes" and rs["Slave_SQL_Running"] == "Yes", \
+                f"{n} replication is not running: {rs and (rs['Slave_IO_Running'], rs['Last_Error'])}"
+            assert rs["Using_Gtid"] == "Slave_Pos", f"{n} does not replicate by GTID"
+
+
+def test_zookeeper_has_one_leader_two_followers(fleet: Fleet) -> None:
+    modes = []
+    for n in fleet.group("zookeeper"):
+        srvr = four_letter(fleet.ip(n), b"srvr")
+        modes += [line.split(":", 1)[1].strip() for line in srvr.splitlines() if line.startswith("Mode:")]
+    assert sorted(modes) == ["follower", "follower", "leader"], modes
+
+
+def test_zookeeper_four_letter_words_are_narrow(fleet: Fleet) -> None:
+    n = fleet.group("zookeeper")[0]
+    assert four_letter(fleet.ip(n), b"ruok") == "imok"
+    assert "not in the whitelist" in four_letter(fleet.ip(n), b"dump")
+
+
+def test_zookeeper_refuses_anonymous_write(fleet: Fleet) -> None:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    hosts = ",".join(f"{fleet.ip(n)}:2181" for n in fleet.group("zookeeper"))
+    zk = KazooClient(hosts=hosts, timeout=10)
+    zk.start(timeout=20)
+    try:
+        assert zk.exists("/shardfleet") is not None
+        with pytest.raises(NoAuthError):
+            zk.create("/shardfleet/e2e-anonymous", b"x")
+        with pytest.raises(NoAuthError):
+            zk.set("/shardfleet", b"x")
+    finally:
+        zk.stop()
+        zk.close()
+    admin = KazooClient(hosts=hosts, timeout=10, auth_data=[
+        ("digest", f"shardfleet_admin:{fleet.secrets['vault_zookeeper_admin_password']}")])
+    admin.start(timeout=20)
+    try:
+        path = admin.create("/shardfleet/e2e-admin", b"ok", ephemeral=True)
+        assert admin.get(path)[0] == b"ok"
+    finally:
+        admin.stop()
+        admin.close()
+
+
+def test_redis_requires_password(fleet: Fleet) -> None:
+    import redis
+
+    host = fleet.ip(fleet.group("redis")[0])
+    with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError)):
+        redis.Redis(host=host, socket_timeout=5).set("e2e:anonymous", 1)
+    r = redis.Redis(host=host, password=fleet.secrets["vault_redis_password"], socket_timeout=5)
+    assert r.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}
+    r.set("e2e:key", "v", ex=30)
+    assert r.get("e2e:key") == b"v"
+
+
+def test_memcached_answers_on_the_fleet_address(fleet: Fleet) -> None:
+    from pymemcache.client.base import Client
+
+    mc = Client((fleet.ip(fleet.group("memcached")[0]), 11211), connect_timeout=5, timeout=5)
+    try:
+        mc.set("e2e-key", b"v", expire=30)
+        assert mc.get("e2e-key") == b"v"
+    finally:
+        mc.close()
