@@ -6,10 +6,12 @@ first run -> rerun -> grow -> shrink (nothing terminated) -> terminate when aske
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.aws.helpers import (
     MUTATING,
@@ -233,6 +235,32 @@ def test_aws_ec2_inventory_groups_hosts_by_tag_like_the_local_inventory(
     assert not extra, f"the aws inventory makes groups the local one lacks: {extra}"
 
 
+def test_aws_inventory_matches_the_local_one_in_groups_hostvars_and_role_variables(
+    moto_server: Moto, first_run: PlaybookRun, tmp_path: Path
+) -> None:
+    local = inventory_list(moto_server, REPO / "inventories" / "local", CLUSTER)
+    aws = inventory_list(moto_server, write_test_inventory(moto_server, tmp_path / "inv"), CLUSTER)
+
+    def groups(data: dict[str, Any]) -> set[str]:
+        return {g for g, v in data.items() if isinstance(v, dict) and v.get("hosts")}
+
+    assert groups(aws) - {"aws_ec2"} == groups(local), "the two inventories group hosts differently"
+    for data, where in ((local, "local"), (aws, "aws")):
+        for host in data["mysql"]["hosts"]:
+            hv = data["_meta"]["hostvars"][host]
+            assert re.fullmatch(r"pair\d{3}", str(hv.get("shardfleet_pair"))), f"{where} {host}"
+            assert hv.get("shardfleet_side") in ("a", "b"), f"{where} {host}"
+    # Every variable the roles read from the local group_vars is set for AWS too;
+    # only the container plumbing of the local fleet is local-only.
+    local_vars = yaml.safe_load((REPO / "inventories/local/group_vars/all/main.yml").read_text())
+    aws_vars = yaml.safe_load((REPO / "inventories/aws/group_vars/all/main.yml").read_text())
+    local_only = {"ansible_connection"} | {
+        k for k in local_vars if re.match(r"shardfleet_(network|image|fleet_label)", k)
+    }
+    missing = set(local_vars) - local_only - set(aws_vars)
+    assert not missing, f"inventories/aws/group_vars lacks {sorted(missing)}"
+
+
 def test_rerun_changes_nothing(moto_server: Moto, first_run: PlaybookRun, vars_dir: Path) -> None:
     before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
     mark = moto_server.mark()
@@ -294,6 +322,16 @@ def test_terminate_extra_removes_only_what_the_table_dropped(
     after = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
     assert set(before) - set(after) == {f"{CLUSTER}-mysql003a", f"{CLUSTER}-mysql003b"}
     assert all(before[n] == after[n] for n in after)
+
+
+def test_all_counts_zero_with_terminate_extra_empties_the_cluster(
+    moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
+) -> None:
+    empty = table(pairs=0, zookeeper=0)
+    for component in ("redis", "memcached"):
+        empty["ec2_fleet_components"][component]["count"] = 0
+    provision(moto_server, vars_dir, {**empty, "ec2_fleet_terminate_extra": True}).check()
+    assert by_name(moto_server) == {}, "instances survived a teardown with every count at 0"
 
 
 @pytest.mark.parametrize("cidr", ["", "0.0.0.0/0"])
