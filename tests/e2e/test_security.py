@@ -80,24 +80,29 @@ def test_app_user_cannot(fleet: Fleet, shards: tuple[str, str], sql: str) -> Non
     master, standby = shards
     with mysql(fleet, master, "app") as conn:
         code = denied(conn, sql)
-        assert code in ACCESS_DENIED, f"app user on the writable {master}: {sql!r} failed with {code}, not access denied"
+        assert code in ACCESS_DENIED, \
+            f"app user on the writable {master}: {sql!r} failed with {code}, not access denied"
     with mysql(fleet, standby, "app") as conn:
         code = denied(conn, sql)
-        assert code in ACCESS_DENIED | {READ_ONLY}, f"app user on {standby}: {sql!r} failed with {code}"
+        assert code in ACCESS_DENIED | {READ_ONLY}, \
+            f"app user on {standby}: {sql!r} failed with {code}"
 
 
-def test_app_user_writes_its_shards_on_the_master_only(fleet: Fleet, shards: tuple[str, str]) -> None:
+def test_app_user_writes_its_shards_on_the_master_only(
+        fleet: Fleet, shards: tuple[str, str]) -> None:
     master, standby = shards
     with mysql(fleet, master, "app") as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO db00000.pins (data) VALUES ('{}')")
-        cur.execute("UPDATE db00000.pins SET data = '{\"v\": 2}' WHERE local_id = %s", (cur.lastrowid,))
+        cur.execute("UPDATE db00000.pins SET data = '{\"v\": 2}' WHERE local_id = %s",
+                    (cur.lastrowid,))
         cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")
         assert cur.fetchone()["n"] >= 2
     with mysql(fleet, standby, "app") as conn, conn.cursor() as cur:
         cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")  # reads work on the standby
         # INSERT is granted, so the refusal must come from read_only, not privileges.
         code = denied(conn, "INSERT INTO db00000.pins (data) VALUES ('{}')")
-        assert code == READ_ONLY, f"INSERT on the read-only standby failed with {code}, expected {READ_ONLY}"
+        assert code == READ_ONLY, \
+            f"INSERT on the read-only standby failed with {code}, expected {READ_ONLY}"
 
 
 def test_one_shard_can_be_revoked_alone(fleet: Fleet, shards: tuple[str, str]) -> None:
@@ -138,7 +143,8 @@ def test_replication_user_cannot_read_shard_data(fleet: Fleet, shards: tuple[str
             assert not {"db00000", "db00001", "mysql"} & visible, visible
 
 
-def test_replication_user_has_only_replication_privileges(fleet: Fleet, shards: tuple[str, str]) -> None:
+def test_replication_user_has_only_replication_privileges(
+        fleet: Fleet, shards: tuple[str, str]) -> None:
     with mysql(fleet, shards[0]) as conn, conn.cursor() as cur:
         cur.execute("SHOW GRANTS FOR 'shardfleet_repl'@'%'")
         grants = [next(iter(r.values())) for r in cur.fetchall()]

@@ -86,7 +86,8 @@ def test_rows_replicate_both_ways_in_every_pair(fleet: Fleet) -> None:
                     cur.execute("SELECT COUNT(*) AS n FROM e2e_repl.t WHERE origin = %s", (writer,))
                     if cur.fetchone()["n"] >= 1:
                         break
-                assert time.monotonic() < deadline, f"{pair}: a row written on {writer} never reached {reader}"
+                assert time.monotonic() < deadline, \
+                    f"{pair}: a row written on {writer} never reached {reader}"
                 time.sleep(0.5)
 
 
@@ -97,8 +98,8 @@ def test_every_node_is_read_only_and_replicating(fleet: Fleet) -> None:
             assert cur.fetchone()["ro"] == 1, f"{n} is writable after site.yml"
             cur.execute("SHOW REPLICA STATUS")
             rs = cur.fetchone()
-            assert rs and rs["Slave_IO_Running"] == "Yes" and rs["Slave_SQL_Running"] == "Yes", \
-                f"{n} replication is not running: {rs and (rs['Slave_IO_Running'], rs['Last_Error'])}"
+            running = bool(rs) and rs["Slave_IO_Running"] == rs["Slave_SQL_Running"] == "Yes"
+            assert running, f"{n} replication is not running: {rs and rs['Last_Error']}"
             assert rs["Using_Gtid"] == "Slave_Pos", f"{n} does not replicate by GTID"
 
 
@@ -106,7 +107,7 @@ def test_zookeeper_has_one_leader_two_followers(fleet: Fleet) -> None:
     modes = []
     for n in fleet.group("zookeeper"):
         srvr = four_letter(fleet.ip(n), b"srvr")
-        modes += [line.split(":", 1)[1].strip() for line in srvr.splitlines() if line.startswith("Mode:")]
+        modes += [ln.split(":", 1)[1].strip() for ln in srvr.splitlines() if ln.startswith("Mode:")]
     assert sorted(modes) == ["follower", "follower", "leader"], modes
 
 
