@@ -4,6 +4,10 @@ Everything goes to the master of the shard an ID names. SQL values are always
 bound parameters; identifiers (database and table names) come only from the
 schema file and from validated shard numbers.
 
+Caches are optional keyword arguments (:mod:`shardfleet.cache`): objects read
+through memcache, mapping pages through Redis; writes update or invalidate them
+after the commit. A cache that fails is a miss, never an error.
+
 Failure policy for routing: a write to a ``frozen`` shard waits (bounded) for
 the map to move on, then raises :class:`ShardFrozenError`; a statement refused
 by MySQL because the shard was fenced (access denied) or the server is
@@ -20,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pymysql
 
@@ -35,6 +39,9 @@ from shardfleet.errors import (
 from shardfleet.router import Router
 from shardfleet.schema import Schema, default_schema, shard_database
 
+if TYPE_CHECKING:
+    from shardfleet.cache import MappingCache, ObjectCache
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -48,6 +55,7 @@ CONNECTION_ERRNOS = frozenset({2003, 2006, 2013, 2014, 2055})
 Body = dict[str, Any]
 Updater = Callable[[Body], Body] | dict[str, Any]
 JoinPage = tuple[list[tuple[int, Body]], str | None]  # (id, body) in page order, next cursor
+Rows = list[tuple[int, int]]  # (to_id, sequence), newest first
 
 
 def _dumps(body: Body) -> str:
@@ -78,12 +86,19 @@ class Store:
     """Objects and mappings on the fleet, through a :class:`Router`.
 
     ``schema`` defaults to the library's ``schema.yml``. ``max_workers`` (8)
-    bounds the threads that query several servers at once.
+    bounds the threads that query several servers at once. ``object_cache``
+    (a :class:`~shardfleet.cache.ObjectCache`, default None) and
+    ``mapping_cache`` (a :class:`~shardfleet.cache.MappingCache`, default None)
+    put memcache in front of object reads and Redis in front of mapping pages.
     """
 
     def __init__(self, router: Router, schema: Schema | None = None, *,
-                 max_workers: int = 8, rng: random.Random | None = None) -> None:
+                 max_workers: int = 8, rng: random.Random | None = None,
+                 object_cache: ObjectCache | None = None,
+                 mapping_cache: MappingCache | None = None) -> None:
         self.router = router
+        self.object_cache = object_cache
+        self.mapping_cache = mapping_cache
         self.schema = schema or default_schema()
         self._pool = ThreadPoolExecutor(max_workers=max_workers,
                                         thread_name_prefix="shardfleet-q")
@@ -190,6 +205,8 @@ class Store:
 
     def get(self, object_id: int, *, include_inactive: bool = False) -> Body:
         """The object's body; :class:`ObjectNotFound` if absent or soft-deleted."""
+        if self.object_cache is not None:
+            return self._get_cached(object_id, include_inactive)
         oid = ids.decompose(object_id)
         key = (oid.shard, oid.type)
         sql = self._get_sql.get(key)
@@ -200,6 +217,28 @@ class Store:
         if row is None:
             raise ObjectNotFound(f"object {object_id} not found")
         body = json.loads(row[0])
+        if not include_inactive and body.get("active") is False:
+            raise ObjectNotFound(f"object {object_id} was deleted")
+        return body
+
+    def _get_cached(self, object_id: int, include_inactive: bool) -> Body:
+        """:meth:`get` through the object cache: memcache, else the row, then a fill."""
+        oc = self.object_cache
+        assert oc is not None
+        oid = ids.decompose(object_id)
+        raw: Any = oc.get(object_id)
+        if raw is None:
+            key = (oid.shard, oid.type)
+            sql = self._get_sql.get(key)
+            if sql is None:
+                table = f"`{shard_database(oid.shard)}`.`{self.schema.object_type(oid.type).table}`"
+                sql = self._get_sql[key] = f"SELECT body FROM {table} WHERE local_id=%s"
+            row = self._read_one(oid.shard, sql, (oid.local,))
+            if row is None:
+                raise ObjectNotFound(f"object {object_id} not found")
+            raw = row[0]
+            oc.fill(object_id, raw)
+        body = json.loads(raw)
         if not include_inactive and body.get("active") is False:
             raise ObjectNotFound(f"object {object_id} was deleted")
         return body
@@ -231,11 +270,39 @@ class Store:
 
         Each server gets one statement (the UNION ALL of its shards' SELECTs);
         servers are queried concurrently. Results come in the caller's order;
-        absent or soft-deleted IDs are listed in ``missing``.
+        absent or soft-deleted IDs are listed in ``missing``. With an object cache,
+        one multi-get to memcache comes first and only the misses reach MySQL.
         """
-        by_server = self._group(object_ids)
-
         found: dict[int, Body] = {}
+        oc = self.object_cache
+        if oc is None:
+            for object_id, raw in self._fetch_raw(object_ids).items():
+                found[object_id] = json.loads(raw)
+        else:
+            for i in object_ids:
+                ids.decompose(i)  # a bad ID is the caller's error, cache or not
+            cached = oc.get_many(object_ids)
+            misses = [i for i in dict.fromkeys(object_ids) if i not in cached]
+            fetched = self._fetch_raw(misses) if misses else {}
+            if fetched:
+                oc.fill_many(fetched)
+            for object_id, raw_bytes in cached.items():
+                found[object_id] = json.loads(raw_bytes)
+            for object_id, raw_text in fetched.items():
+                found[object_id] = json.loads(raw_text)
+        out = ManyResult()
+        for object_id in object_ids:
+            body = found.get(object_id)
+            if body is None or (not include_inactive and body.get("active") is False):
+                out.missing.append(object_id)
+            else:
+                out.items.append((object_id, body))
+        return out
+
+    def _fetch_raw(self, object_ids: Sequence[int]) -> dict[int, str]:
+        """``{id: raw JSON body}`` of the rows found, one statement per server, concurrently."""
+        by_server = self._group(object_ids)
+        found: dict[int, str] = {}
         for attempt in (0, 1):
             jobs = list(by_server.items())
             try:
@@ -253,15 +320,8 @@ class Store:
                 by_server = self._group(object_ids)
         for rows in results:
             for shard, type_, local, body in rows:
-                found[ids.compose(int(shard), int(type_), int(local))] = json.loads(body)
-        out = ManyResult()
-        for object_id in object_ids:
-            body = found.get(object_id)
-            if body is None or (not include_inactive and body.get("active") is False):
-                out.missing.append(object_id)
-            else:
-                out.items.append((object_id, body))
-        return out
+                found[ids.compose(int(shard), int(type_), int(local))] = body
+        return found
 
     def update(self, object_id: int, changes: Updater) -> Body:
         """Read-modify-write the JSON body in one transaction (``SELECT … FOR UPDATE``).
@@ -292,7 +352,12 @@ class Store:
                 conn.rollback()
                 raise
 
-        return self._on_master(oid.shard, run, write=True)
+        try:
+            return self._on_master(oid.shard, run, write=True)
+        finally:
+            # after the commit (or a failure that may have committed): never before
+            if self.object_cache is not None:
+                self.object_cache.invalidate(object_id)
 
     def delete(self, object_id: int, *, hard: bool = False) -> bool:
         """Soft-delete (``"active": false``) or, with ``hard=True``, remove the row.
@@ -312,7 +377,11 @@ class Store:
             with conn.cursor() as cur:
                 return bool(cur.execute(sql, (oid.local,)))
 
-        return self._on_master(oid.shard, run, write=True)
+        try:
+            return self._on_master(oid.shard, run, write=True)
+        finally:
+            if self.object_cache is not None:
+                self.object_cache.invalidate(object_id)
 
     # -- mappings --------------------------------------------------------
     def _mapping(self, name: str, from_id: int, to_id: int | None = None) -> tuple[int, str]:
@@ -344,7 +413,16 @@ class Store:
             with conn.cursor() as cur:
                 cur.execute(sql, (from_id, to_id, seq))
 
-        self._on_master(shard, run, write=True)
+        mc = self.mapping_cache
+        if mc is None:
+            self._on_master(shard, run, write=True)
+            return seq
+        try:
+            self._on_master(shard, run, write=True)
+        except BaseException:
+            mc.invalidate(name, from_id)  # the statement may have committed
+            raise
+        mc.added(name, from_id, to_id, seq)
         return seq
 
     def remove(self, name: str, from_id: int, to_id: int) -> bool:
@@ -355,7 +433,16 @@ class Store:
             with conn.cursor() as cur:
                 return bool(cur.execute(sql, (from_id, to_id)))
 
-        return self._on_master(shard, run, write=True)
+        mc = self.mapping_cache
+        if mc is None:
+            return self._on_master(shard, run, write=True)
+        try:
+            done = self._on_master(shard, run, write=True)
+        except BaseException:
+            mc.invalidate(name, from_id)
+            raise
+        mc.removed(name, from_id, to_id)
+        return done
 
     def count(self, name: str, from_id: int) -> int:
         shard, table = self._mapping(name, from_id)
@@ -370,30 +457,50 @@ class Store:
 
     def list(self, name: str, from_id: int, limit: int = 50, cursor: str | None = None
              ) -> MappingPage:
-        """A page of ``from_id``'s mapping, newest (highest sequence) first."""
+        """A page of ``from_id``'s mapping, newest (highest sequence) first.
+
+        With a mapping cache, a page inside the cached newest entries comes from
+        Redis; a first page that misses reads the newest ``capacity`` entries once
+        and fills the cache with them.
+        """
         if not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise ShardfleetError(f"limit {limit!r} must be an int in 1..10000")
         shard, table = self._mapping(name, from_id)
+        after = _parse_cursor(cursor) if cursor is not None else None
+        mc = self.mapping_cache
+        if mc is None:
+            rows = self._list_db(shard, table, from_id, limit + 1, after)
+        else:
+            hit, token = mc.lookup(name, from_id, limit, after)
+            if hit is not None:
+                return _page(hit.rows, hit.more)
+            if after is None and limit <= mc.capacity:
+                newest = self._list_db(shard, table, from_id, mc.capacity + 1, None)
+                mc.fill(name, from_id, newest[:mc.capacity], len(newest) <= mc.capacity, token)
+                rows = newest[:limit + 1]
+            else:
+                rows = self._list_db(shard, table, from_id, limit + 1, after)
+        return _page(rows[:limit], len(rows) > limit)
+
+    def _list_db(self, shard: int, table: str, from_id: int, n: int,
+                 after: tuple[int, int] | None) -> Rows:
+        """Up to *n* ``(to_id, sequence)`` of a mapping, newest first, after a cursor."""
         params: list[Any] = [from_id]
         where = "from_id=%s"
-        if cursor is not None:
-            seq, to = _parse_cursor(cursor)
+        if after is not None:
+            seq, to = after
             where += " AND (sequence < %s OR (sequence = %s AND to_id < %s))"
             params += [seq, seq, to]
         sql = (f"SELECT to_id, sequence FROM {table} WHERE {where} "
                "ORDER BY sequence DESC, to_id DESC LIMIT %s")
-        params.append(limit + 1)
+        params.append(n)
 
         def run(conn: pymysql.connections.Connection) -> list[Any]:
             with conn.cursor() as cur:
                 cur.execute(sql, params)
                 return list(cur.fetchall())
 
-        rows = self._on_master(shard, run, write=False)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        nxt = f"{rows[-1][1]}.{rows[-1][0]}" if more and rows else None
-        return MappingPage([int(r[0]) for r in rows], [int(r[1]) for r in rows], nxt)
+        return [(int(t), int(s)) for t, s in self._on_master(shard, run, write=False)]
 
     def join(self, name: str, from_id: int, limit: int = 50, cursor: str | None = None
              ) -> JoinPage:
@@ -454,6 +561,11 @@ class Store:
                 return bool(cur.execute(sql, (raw,)))
 
         return self._on_master(shard, run, write=True)
+
+
+def _page(rows: Sequence[tuple[int, int]], more: bool) -> MappingPage:
+    nxt = f"{rows[-1][1]}.{rows[-1][0]}" if more and rows else None
+    return MappingPage([t for t, _ in rows], [s for _, s in rows], nxt)
 
 
 def _parse_cursor(cursor: str) -> tuple[int, int]:

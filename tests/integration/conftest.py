@@ -87,3 +87,7 @@ def store(router):
     s = Store(router)
     yield s
     s.close()
+
+
+# Cache fixtures (memcached group, Redis, a store with both caches) live in their own module.
+from .cache_fixtures import cached_store, caches, memcached_group, redis_server  # noqa: E402,F401

@@ -1,0 +1,62 @@
+"""Fixtures of the cache tests: real memcached and Redis host processes on 127.0.0.1.
+
+Imported by the test_cache*.py modules (``from .cache_fixtures import ...``); the
+shared conftest is left as it is.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from shardfleet.cache import MappingCache, ObjectCache
+from shardfleet.store import Store
+from shardfleet.testing import MemcachedServer, RedisServer
+
+
+@pytest.fixture(scope="session")
+def memcached_group(tmp_path_factory):
+    """Two memcached servers: the object cache's group (shared by the session)."""
+    base = tmp_path_factory.mktemp("memcached")
+    servers = [MemcachedServer(base).start() for _ in range(2)]
+    yield servers
+    for s in servers:
+        s.stop(remove=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    r = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield r
+    r.stop(remove=True)
+
+
+def object_cache(servers, prefix: str | None = None, **kw) -> ObjectCache:
+    kw.setdefault("retry_timeout", 0.2)
+    return ObjectCache([s.address for s in servers],
+                       prefix=prefix or f"t{uuid.uuid4().hex[:8]}:o:", **kw)
+
+
+def mapping_cache(server, prefix: str | None = None, **kw) -> MappingCache:
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=0.25,
+                         socket_connect_timeout=0.25)
+    return MappingCache(client, prefix=prefix or f"t{uuid.uuid4().hex[:8]}:m:", **kw)
+
+
+@pytest.fixture
+def caches(memcached_group, redis_server):
+    """A fresh key prefix per test, so tests never see each other's entries."""
+    oc, mc = object_cache(memcached_group), mapping_cache(redis_server)
+    yield oc, mc
+    oc.close()
+    mc.close()
+
+
+@pytest.fixture
+def cached_store(router, caches):
+    oc, mc = caches
+    s = Store(router, object_cache=oc, mapping_cache=mc)
+    yield s
+    s.close()

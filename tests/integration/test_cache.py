@@ -1,0 +1,227 @@
+"""Objects through memcache and mapping pages through Redis, on real servers.
+
+A value "served from the cache" is proven by changing the row behind the
+store's back (raw SQL on the shard): the cached store still answers the old
+value until a write through the store invalidates it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+
+from shardfleet import ids
+from shardfleet.cache import MappingCache
+from shardfleet.errors import ObjectNotFound
+from shardfleet.store import Store
+
+from .cache_fixtures import mapping_cache, object_cache
+from .conftest import SHARDS_A
+
+
+def _server(mariadb_pair, object_id):
+    return mariadb_pair[0] if ids.shard_of(object_id) in SHARDS_A else mariadb_pair[1]
+
+
+def _behind_back(mariadb_pair, object_id, body):
+    """Rewrite an object's row directly on its shard, bypassing the store and its caches."""
+    oid = ids.decompose(object_id)
+    table = {1: "pins", 2: "boards", 3: "users"}[oid.type]
+    _server(mariadb_pair, object_id).sql(
+        f"UPDATE db{oid.shard:05d}.{table} SET body=%s WHERE local_id=%s",
+        (json.dumps(body), oid.local))
+
+
+def test_get_reads_through_and_update_delete_invalidate(cached_store, caches, mariadb_pair):
+    oc, _ = caches
+    pin = cached_store.create("pin", {"title": "a"})
+    assert cached_store.get(pin) == {"title": "a"}
+    assert (oc.stats.hits, oc.stats.misses, oc.stats.fills) == (0, 1, 1), "first get is a miss"
+    _behind_back(mariadb_pair, pin, {"title": "changed behind the cache"})
+    assert cached_store.get(pin) == {"title": "a"}, "second get must be served from memcache"
+    assert oc.stats.hits == 1
+
+    assert cached_store.update(pin, {"title": "b"})["title"] == "b"
+    assert cached_store.get(pin) == {"title": "b"}, "update must invalidate the cached body"
+    assert cached_store.delete(pin)
+    with pytest.raises(ObjectNotFound, match="deleted"):
+        cached_store.get(pin)
+    assert cached_store.get(pin, include_inactive=True)["active"] is False
+    assert cached_store.delete(pin, hard=True)
+    with pytest.raises(ObjectNotFound):
+        cached_store.get(pin, include_inactive=True)
+
+
+def test_get_many_one_multiget_then_db_for_misses(cached_store, caches, mariadb_pair):
+    oc, _ = caches
+    made = [cached_store.create("pin", {"n": i}) for i in range(40)]
+    assert len({ids.shard_of(i) for i in made}) >= 8
+    warm = made[:10]
+    for p in warm:
+        cached_store.get(p)
+    oc.stats.reset()
+    res = cached_store.get_many(made)
+    assert [b["n"] for b in res.bodies()] == list(range(40))
+    assert (oc.stats.hits, oc.stats.misses) == (10, 30), "10 warm hits, 30 misses from MySQL"
+    oc.stats.reset()
+    for p in made[:5]:
+        _behind_back(mariadb_pair, p, {"n": -1})
+    assert [b["n"] for b in cached_store.get_many(made).bodies()] == list(range(40))
+    assert (oc.stats.hits, oc.stats.misses) == (40, 0), "all 40 served from memcache"
+
+    cached_store.update(made[1], {"n": 100})
+    cached_store.delete(made[2])
+    cached_store.delete(made[3], hard=True)
+    res = cached_store.get_many(made[:6])
+    assert [b["n"] for b in res.bodies()] == [0, 100, 4, 5], "made[0], [4], [5] stay cached"
+    assert res.missing == [made[2], made[3]]
+
+
+def test_fill_after_invalidation_is_refused(cached_store, caches):
+    """The read-fill vs invalidation race: a reader that read the old row before the
+    commit tries to fill after the invalidation; the tombstone refuses it."""
+    oc, _ = caches
+    pin = cached_store.create("pin", {"v": 1})
+    assert oc.get(pin) is None
+    stale_row = '{"v":1}'  # what the slow reader read from MySQL
+    cached_store.update(pin, {"v": 2})  # writer commits and invalidates
+    oc.fill(pin, stale_row)  # the slow reader's fill lands late
+    assert cached_store.get(pin) == {"v": 2}, "a late fill must not resurrect the old body"
+    assert cached_store.get(pin) == {"v": 2}
+
+
+def test_mapping_page_from_redis_after_add_and_remove(cached_store, caches, mariadb_pair):
+    _, mc = caches
+    board = cached_store.create("board", {})
+    pins = [cached_store.create("pin", {"i": i}, near=board) for i in range(7)]
+    for seq, p in enumerate(pins):
+        cached_store.add("board_has_pins", board, p, sequence=1000 + seq)
+    first = cached_store.list("board_has_pins", board, limit=3)
+    assert first.ids == pins[::-1][:3]
+    assert (mc.stats.hits, mc.stats.misses, mc.stats.fills) == (0, 1, 1)
+    # remove a row behind the store's back: the cached list still shows it
+    _server(mariadb_pair, board).sql(
+        f"DELETE FROM db{ids.shard_of(board):05d}.board_has_pins WHERE to_id=%s", (pins[6],))
+    assert cached_store.list("board_has_pins", board, limit=3).ids == pins[::-1][:3]
+    page2 = cached_store.list("board_has_pins", board, limit=3, cursor=first.cursor)
+    page3 = cached_store.list("board_has_pins", board, limit=3, cursor=page2.cursor)
+    assert page2.ids + page3.ids == pins[::-1][3:] and page3.cursor is None
+    assert mc.stats.hits == 3, "pages served from Redis"
+
+    new = cached_store.create("pin", {"i": 7}, near=board)
+    cached_store.add("board_has_pins", board, new, sequence=2000)
+    assert cached_store.remove("board_has_pins", board, pins[5])
+    page = cached_store.list("board_has_pins", board, limit=3)
+    assert page.ids == [new, pins[6], pins[4]], "add and remove kept the cached list right"
+    assert mc.stats.hits == 4
+    objects, _ = cached_store.join("board_has_pins", board, limit=2)
+    assert [b["i"] for _, b in objects] == [7, 6]
+
+
+def test_fill_after_add_is_refused(cached_store, caches):
+    _, mc = caches
+    board = cached_store.create("board", {})
+    a = cached_store.create("pin", {}, near=board)
+    cached_store.add("board_has_pins", board, a, sequence=1)
+    hit, token = mc.lookup("board_has_pins", board, 10)
+    assert hit is None
+    stale = [(a, 1)]  # read from MySQL before the next add committed
+    b = cached_store.create("pin", {}, near=board)
+    cached_store.add("board_has_pins", board, b, sequence=2)
+    assert not mc.fill("board_has_pins", board, stale, True, token), "generation moved on"
+    assert cached_store.list("board_has_pins", board).ids == [b, a]
+
+
+def test_cached_pages_match_the_database_under_random_changes(router, caches):
+    """A small capacity (5) forces partial lists: every page of every state must equal
+    the uncached store's page, after random adds, re-sequences and removes."""
+    oc, shared = caches
+    small = MappingCache(shared.client, capacity=5, prefix=shared.prefix + "small:")
+    plain = Store(router)
+    cached = Store(router, object_cache=oc, mapping_cache=small)
+    rng = random.Random(5)
+    board = plain.create("board", {})
+    pins = [plain.create("pin", {}, near=board) for _ in range(14)]
+    try:
+        for step in range(60):
+            op = rng.random()
+            p = rng.choice(pins)
+            if op < 0.6:
+                cached.add("board_has_pins", board, p, sequence=rng.randrange(1, 40))
+            else:
+                cached.remove("board_has_pins", board, p)
+            limit = rng.choice([1, 2, 3, 5, 7])
+            cursor = got_cursor = None
+            while True:
+                want = plain.list("board_has_pins", board, limit=limit, cursor=cursor)
+                got = cached.list("board_has_pins", board, limit=limit, cursor=got_cursor)
+                assert (got.ids, got.sequences) == (want.ids, want.sequences), (
+                    f"step {step}: cached page differs from MySQL (limit {limit})")
+                assert got.cursor == want.cursor
+                if want.cursor is None:
+                    break
+                cursor = got_cursor = want.cursor
+        assert small.stats.hits > 20, f"the cache served pages ({small.stats})"
+    finally:
+        cached.close()
+        plain.close()
+
+
+def test_dead_memcached_degrades_to_the_database(router, tmp_path, caplog):
+    from shardfleet.testing import MemcachedServer
+
+    group = [MemcachedServer(tmp_path).start() for _ in range(2)]
+    oc = object_cache(group, retry_timeout=0.2, retry_attempts=1, dead_timeout=60)
+    s = Store(router, object_cache=oc)
+    try:
+        made = [s.create("pin", {"n": i}) for i in range(20)]
+        assert len(s.get_many(made).items) == 20
+        assert len(s.get_many(made).items) == 20 and oc.stats.hits == 20
+        group[0].kill()
+        with caplog.at_level(logging.WARNING, logger="shardfleet.cache"):
+            for _ in range(3):
+                res = s.get_many(made)
+                assert [b["n"] for b in res.bodies()] == list(range(20)), "DB serves the misses"
+                for i, p in enumerate(made[:5]):
+                    assert s.get(p) == {"n": i}
+            s.update(made[0], {"n": 0, "x": 1})  # invalidation to a dead server: no error
+            assert s.get(made[0]) == {"n": 0, "x": 1}
+        assert oc.health.errors > 0
+        assert any("memcached" in r.getMessage() for r in caplog.records), "failure is logged"
+        group[1].kill()  # every server dead: still only misses
+        assert len(s.get_many(made).items) == 20
+        assert s.get(made[3]) == {"n": 3}
+    finally:
+        s.close()
+        oc.close()
+        for g in group:
+            g.stop(remove=True)
+
+
+def test_dead_redis_degrades_to_the_database(router, tmp_path, caplog):
+    from shardfleet.testing import RedisServer
+
+    r = RedisServer(tmp_path).start()
+    mc = mapping_cache(r, retry_after=0.1)
+    s = Store(router, mapping_cache=mc)
+    try:
+        board = s.create("board", {})
+        pins = [s.create("pin", {}, near=board) for _ in range(4)]
+        for q, p in enumerate(pins):
+            s.add("board_has_pins", board, p, sequence=q + 1)
+        assert s.list("board_has_pins", board).ids == pins[::-1]
+        assert s.list("board_has_pins", board).ids == pins[::-1] and mc.stats.hits == 1
+        r.kill()
+        with caplog.at_level(logging.WARNING, logger="shardfleet.cache"):
+            assert s.list("board_has_pins", board).ids == pins[::-1]
+            assert s.remove("board_has_pins", board, pins[0])
+            s.add("board_has_pins", board, pins[0], sequence=10)
+            assert s.list("board_has_pins", board, limit=2).ids == [pins[0], pins[3]]
+        assert mc.health.errors > 0
+        assert any("mapping cache" in rec.getMessage() for rec in caplog.records)
+    finally:
+        s.close()
+        r.stop(remove=True)
