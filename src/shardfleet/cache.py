@@ -305,6 +305,20 @@ def _member(to_id: int) -> str:
     return f"{to_id:020d}"
 
 
+def redis_options(socket_timeout: float = 0.25) -> dict[str, Any]:
+    """redis-py options for a cache client: short timeouts and no client-side retries.
+
+    redis-py retries failed commands with backoff by default; for a cache that
+    only multiplies the cost of a dead server, so the failure policy here is a
+    single attempt, then a miss.
+    """
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout,
+            "retry": Retry(NoBackoff(), 0)}
+
+
 class MappingCache:
     """The newest entries of mapping lists in Redis (redis-py).
 
@@ -332,8 +346,7 @@ class MappingCache:
         import redis
 
         if isinstance(client, str):
-            client = redis.Redis.from_url(client, socket_timeout=socket_timeout,
-                                          socket_connect_timeout=socket_timeout)
+            client = redis.Redis.from_url(client, **redis_options(socket_timeout))
         if not 1 <= capacity <= 5000:
             raise ValueError("capacity must be in 1..5000")
         self.client = client

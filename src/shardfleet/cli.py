@@ -110,6 +110,35 @@ def cmd_map_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from shardfleet import status
+
+    password = os.environ.get("SHARDFLEET_MYSQL_PASSWORD", "")
+    if args.password_file:
+        try:
+            password = Path(args.password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ShardfleetError(f"cannot read {args.password_file}: {exc.strerror}") from None
+    store = _zk_store(args)
+    try:
+        if not store.connected:
+            raise ShardfleetError(f"ZooKeeper at {args.zk} is unreachable")
+        report = status.collect(store, args.user, password, sizes=not args.no_sizes,
+                                zookeeper_hosts=[args.zk])
+    finally:
+        store.close(timeout=2)
+    print(json.dumps(report, indent=2) if args.json else status.render(report))
+    return 0
+
+
+def _zk_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zk", default=os.environ.get("SHARDFLEET_ZK", "127.0.0.1:2181"),
+                   help="ZooKeeper hosts (env SHARDFLEET_ZK)")
+    p.add_argument("--root", default=os.environ.get("SHARDFLEET_ZK_ROOT", "/shardfleet"))
+    p.add_argument("--cluster", default=os.environ.get("SHARDFLEET_CLUSTER", "default"))
+    p.add_argument("--timeout", type=float, default=5.0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="shardfleet", description=__doc__)
     p.add_argument("--version", action="version", version=f"shardfleet {__version__}")
@@ -131,11 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("map", help="show and validate shard maps")
     ms = m.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     show = ms.add_parser("show", help="the map as a table (from ZooKeeper or a file)")
-    show.add_argument("--zk", default=os.environ.get("SHARDFLEET_ZK", "127.0.0.1:2181"),
-                      help="ZooKeeper hosts (env SHARDFLEET_ZK)")
-    show.add_argument("--root", default=os.environ.get("SHARDFLEET_ZK_ROOT", "/shardfleet"))
-    show.add_argument("--cluster", default=os.environ.get("SHARDFLEET_CLUSTER", "default"))
-    show.add_argument("--timeout", type=float, default=5.0)
+    _zk_args(show)
     show.add_argument("--file", help="read a map file instead of ZooKeeper")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_map_show)
@@ -144,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--known-host", action="append", metavar="HOST:PORT",
                      help="refuse servers not listed (repeatable)")
     val.set_defaults(func=cmd_map_validate)
+
+    st = sub.add_parser("status", help="pairs, ranges, replication, read_only, semi-sync, "
+                        "shards and ZooKeeper modes")
+    _zk_args(st)
+    st.add_argument("--user", default=os.environ.get("SHARDFLEET_MYSQL_USER", "shardfleet_admin"),
+                    help="MySQL admin user (env SHARDFLEET_MYSQL_USER)")
+    st.add_argument("--password-file", help="file holding the MySQL password "
+                    "(or env SHARDFLEET_MYSQL_PASSWORD; never on the command line)")
+    st.add_argument("--no-sizes", action="store_true", help="skip summing shard sizes")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
     return p
 
 

@@ -183,3 +183,56 @@ def ensure_shards(conn: Any, shards: Sequence[int], schema: Schema, *,
     """Plan and apply in one call (the connection needs MULTI_STATEMENTS)."""
     plan = plan_shards(conn, shards, schema, app_user=app_user, app_host=app_host)
     return plan, apply_plan(conn, plan, schema, app_user=app_user, app_host=app_host)
+
+
+def shards_with_rows(conn: Any, dbs: Sequence[str], schema: Schema, chunk: int = 40
+                     ) -> list[str]:
+    """The databases among *dbs* in which any schema table holds at least one row."""
+    if not dbs:
+        return []
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                    "WHERE TABLE_SCHEMA REGEXP '^db[0-9]{5}$'")
+        tables: dict[str, list[str]] = {}
+        for db, t in cur.fetchall():
+            tables.setdefault(db, []).append(t)
+        out: list[str] = []
+        todo = [db for db in dbs if tables.get(db)]
+        for i in range(0, len(todo), chunk):
+            part = todo[i:i + chunk]
+            selects = [f"(SELECT '{db}' FROM `{db}`.`{t}` LIMIT 1)"
+                       for db in part for t in tables[db]]
+            cur.execute(" UNION ".join(selects))
+            out.extend(r[0] for r in cur.fetchall())
+    return sorted(set(out))
+
+
+def plan_drop(conn: Any, shards: Sequence[int], schema: Schema) -> tuple[list[str], list[str]]:
+    """(databases that exist and would be dropped, those among them holding rows)."""
+    wanted = {shard_database(s) for s in shards}
+    with conn.cursor() as cur:
+        present = sorted(existing_databases(cur) & wanted)
+    return present, shards_with_rows(conn, present, schema)
+
+
+def apply_drop(conn: Any, dbs: Sequence[str], *, app_user: str | None = None,
+               app_host: str = "%", batch: int = 64) -> int:
+    """Drop *dbs* (and the application user's grants on them); returns how many."""
+    statements: list[str] = []
+    if app_user:
+        with conn.cursor() as cur:
+            cur.execute("SELECT Db FROM mysql.db WHERE User=%s AND Host=%s", (app_user, app_host))
+            granted = {r[0] for r in cur.fetchall()}
+    else:
+        granted = set()
+    account = _account(app_user, app_host) if app_user else ""
+    with conn.cursor() as cur:
+        for i in range(0, len(dbs), batch):
+            statements = []
+            for db in dbs[i:i + batch]:
+                shard_database(int(db[2:]))  # only ever a shard database
+                if db in granted:
+                    statements.append(f"REVOKE ALL PRIVILEGES ON `{db}`.* FROM {account}")
+                statements.append(f"DROP DATABASE IF EXISTS `{db}`")
+            run_many(cur, statements)
+    return len(dbs)

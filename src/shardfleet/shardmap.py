@@ -268,3 +268,58 @@ def diff(before: ShardMap | None, after: ShardMap | None) -> list[str]:
     if before and after and before.mod_shard_count != after.mod_shard_count:
         lines.append(f"~ mod_shard_count: {before.mod_shard_count} -> {after.mod_shard_count}")
     return lines
+
+
+CHANGE_STATES = ("present", "exact", "absent")
+
+
+def plan_change(current: ShardMap | None, state: str, entries: Iterable[Mapping[str, Any]], *,
+                known_hosts: Iterable[str] | None = None,
+                mod_shard_count: int | None = None) -> ShardMap:
+    """The map after registering *entries* with *state*; validated, nothing written.
+
+    * ``present`` merges: an entry whose bounds equal an existing range updates
+      only the fields it gives (``{"range": [0, 511], "state": "closed"}``
+      closes a range); other entries are added and need a master.
+    * ``exact`` replaces the whole map with *entries*.
+    * ``absent`` removes ranges with exactly these bounds (absent ones are
+      skipped; one that only partly overlaps a range is an error).
+
+    ``mod_shard_count`` is fixed once a map exists: a different value is an error.
+    """
+    if state not in CHANGE_STATES:
+        raise MapError(f"state {state!r} is not one of {', '.join(CHANGE_STATES)}")
+    items: list[dict[str, Any]] = [dict(e) for e in entries]
+    for i, e in enumerate(items):
+        r = e.get("range")
+        if (not isinstance(r, list | tuple) or len(r) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)):
+            raise MapError(f"ranges[{i}]: 'range' must be [first, last] integers, got {r!r}")
+        e["range"] = [r[0], r[1]]
+    count = current.mod_shard_count if current else (mod_shard_count or DEFAULT_MOD_SHARD_COUNT)
+    if current and mod_shard_count is not None and mod_shard_count != current.mod_shard_count:
+        raise MapError(f"mod_shard_count is fixed at {current.mod_shard_count} for this map; "
+                       f"refusing to change it to {mod_shard_count}")
+    if state == "exact":
+        return ShardMap.from_ranges(items, count, known_hosts)
+    existing = {r.bounds: r for r in (current.ranges if current else ())}
+    if state == "absent":
+        drop = set()
+        for e in items:
+            b = (e["range"][0], e["range"][1])
+            if b in existing:
+                drop.add(b)
+                continue
+            clash = [r for r in existing.values() if r.first <= b[1] and b[0] <= r.last]
+            if clash:
+                raise MapError(f"range [{b[0]}, {b[1]}] only partly overlaps "
+                               f"[{clash[0].first}, {clash[0].last}]; remove exact ranges")
+        if current is None:
+            raise MapError("there is no map to remove ranges from")
+        return ShardMap.from_ranges([r for b, r in existing.items() if b not in drop], count,
+                                    known_hosts)
+    merged = {b: r.to_dict() for b, r in existing.items()}
+    for e in items:
+        b = (e["range"][0], e["range"][1])
+        merged[b] = {**merged.get(b, {}), **e}
+    return ShardMap.from_ranges(merged.values(), count, known_hosts)

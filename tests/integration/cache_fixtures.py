@@ -11,7 +11,7 @@ import uuid
 import pytest
 import redis
 
-from shardfleet.cache import MappingCache, ObjectCache
+from shardfleet.cache import MappingCache, ObjectCache, redis_options
 from shardfleet.store import Store
 from shardfleet.testing import MemcachedServer, RedisServer
 
@@ -40,8 +40,7 @@ def object_cache(servers, prefix: str | None = None, **kw) -> ObjectCache:
 
 
 def mapping_cache(server, prefix: str | None = None, **kw) -> MappingCache:
-    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=0.25,
-                         socket_connect_timeout=0.25)
+    client = redis.Redis(host="127.0.0.1", port=server.port, **redis_options())
     return MappingCache(client, prefix=prefix or f"t{uuid.uuid4().hex[:8]}:m:", **kw)
 
 

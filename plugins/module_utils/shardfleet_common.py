@@ -1,0 +1,83 @@
+# Shared plumbing of the shardfleet modules: argument specs, the library import,
+# and connections. The modules are thin adapters: the work is in the library.
+
+from __future__ import annotations
+
+import traceback
+
+from ansible.module_utils.basic import missing_required_lib
+
+try:
+    import shardfleet  # noqa: F401
+    from shardfleet.errors import ShardfleetError
+
+    HAS_SHARDFLEET = True
+    SHARDFLEET_IMPORT_ERROR = None
+except ImportError:  # pragma: no cover - reported by require_library()
+    HAS_SHARDFLEET = False
+    SHARDFLEET_IMPORT_ERROR = traceback.format_exc()
+
+    class ShardfleetError(Exception):  # type: ignore[no-redef]
+        pass
+
+
+def mysql_argument_spec():
+    return dict(
+        login_host=dict(type="str", default="127.0.0.1"),
+        login_port=dict(type="int", default=3306),
+        login_user=dict(type="str", default="shardfleet_admin"),
+        login_password=dict(type="str", default="", no_log=True),
+        login_unix_socket=dict(type="str"),
+        connect_timeout=dict(type="float", default=10),
+    )
+
+
+def zookeeper_argument_spec():
+    return dict(
+        zookeeper_hosts=dict(type="list", elements="str", required=True),
+        zookeeper_root=dict(type="str", default="/shardfleet"),
+        cluster=dict(type="str", default="default"),
+        zookeeper_user=dict(type="str"),
+        zookeeper_password=dict(type="str", no_log=True),
+        zookeeper_timeout=dict(type="float", default=10),
+    )
+
+
+def require_library(module):
+    if not HAS_SHARDFLEET:
+        module.fail_json(msg=missing_required_lib("shardfleet"),
+                         exception=SHARDFLEET_IMPORT_ERROR)
+
+
+def mysql_connect(module, **kw):
+    """An admin connection from the login options; fail_json with one line on error."""
+    from shardfleet import topology
+
+    p = module.params
+    try:
+        return topology.connect(f"{p['login_host']}:{p['login_port']}", p["login_user"],
+                                p["login_password"], timeout=p["connect_timeout"],
+                                unix_socket=p["login_unix_socket"], **kw)
+    except ShardfleetError as exc:
+        module.fail_json(msg=str(exc))
+
+
+def zookeeper_store(module):
+    """A map store from the ZooKeeper options; fail_json when it cannot connect."""
+    from shardfleet.mapstore import ZooKeeperMapStore
+
+    p = module.params
+    hosts = ",".join(h.strip() for h in p["zookeeper_hosts"] for h in h.split(",") if h.strip())
+    auth = None
+    if p.get("zookeeper_user"):
+        auth = (p["zookeeper_user"], p.get("zookeeper_password") or "")
+    try:
+        store = ZooKeeperMapStore(hosts, p["cluster"], root=p["zookeeper_root"], auth=auth,
+                                  timeout=p["zookeeper_timeout"])
+    except ShardfleetError as exc:
+        module.fail_json(msg=str(exc))
+    if not store.connected:
+        store.close(timeout=1)
+        module.fail_json(msg=f"ZooKeeper at {hosts} is unreachable "
+                             f"(no answer within {p['zookeeper_timeout']}s)")
+    return store

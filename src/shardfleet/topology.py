@@ -1,0 +1,206 @@
+"""What the fleet looks like right now: server dialect, replication, read_only,
+semi-sync, shards present, and ZooKeeper modes.
+
+The MySQL/MariaDB differences live here, picked once from the server's version
+string (as community.mysql does): MariaDB (tested) says ``SHOW ALL SLAVES
+STATUS`` / ``gtid_binlog_pos`` / ``rpl_semi_sync_master_*``; MySQL 8 (written,
+not tested here: no MySQL 8 binaries are reachable) says ``SHOW REPLICA STATUS``
+/ ``gtid_executed`` / ``rpl_semi_sync_source_*``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pymysql
+import pymysql.cursors
+
+from shardfleet.errors import DatabaseError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str  # "mariadb" or "mysql"
+    version: str
+    replica_status: str
+    gtid_position_sql: str
+    semisync_prefix: str  # rpl_semi_sync_master / rpl_semi_sync_source
+
+    @property
+    def is_mariadb(self) -> bool:
+        return self.name == "mariadb"
+
+
+def dialect_for(version: str) -> Dialect:
+    """Pick the SQL dialect from ``SELECT VERSION()``."""
+    if "mariadb" in version.lower():
+        return Dialect("mariadb", version, "SHOW ALL SLAVES STATUS",
+                       "SELECT @@GLOBAL.gtid_binlog_pos", "rpl_semi_sync_master")
+    return Dialect("mysql", version, "SHOW REPLICA STATUS",
+                   "SELECT @@GLOBAL.gtid_executed", "rpl_semi_sync_source")
+
+
+def connect(server: str, user: str, password: str, *, timeout: float = 5.0,
+            unix_socket: str | None = None, **kw: Any) -> pymysql.connections.Connection:
+    """An admin connection to ``host:port`` (or a unix socket); one-line errors."""
+    host, _, port = server.rpartition(":")
+    try:
+        if unix_socket:
+            return pymysql.connect(unix_socket=unix_socket, user=user, password=password,
+                                   autocommit=True, connect_timeout=timeout,
+                                   read_timeout=max(timeout, 30), **kw)
+        return pymysql.connect(host=host.strip("[]"), port=int(port), user=user,
+                               password=password, autocommit=True, connect_timeout=timeout,
+                               read_timeout=max(timeout, 30), **kw)
+    except pymysql.err.OperationalError as exc:
+        code = exc.args[0] if exc.args else 0
+        what = "wrong credentials" if code == 1045 else "cannot connect"
+        where = unix_socket or server
+        raise DatabaseError(f"{where}: {what}: {exc.args[-1] if exc.args else exc}") from None
+
+
+def dict_rows(conn: Any, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+
+
+def scalar(conn: Any, sql: str, params: Any = None) -> Any:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+        return row[0] if row else None
+
+
+def server_dialect(conn: Any) -> Dialect:
+    return dialect_for(str(scalar(conn, "SELECT VERSION()")))
+
+
+@dataclass
+class ReplicaChannel:
+    connection: str
+    source: str
+    io_running: str
+    sql_running: str
+    seconds_behind: int | None
+    gtid_io_pos: str
+    last_error: str
+
+
+@dataclass
+class ServerState:
+    server: str
+    reachable: bool
+    error: str | None = None
+    version: str = ""
+    read_only: bool | None = None
+    gtid_binlog_pos: str = ""
+    gtid_slave_pos: str = ""
+    semisync_master: bool | None = None
+    semisync_master_clients: int | None = None
+    semisync_replica: bool | None = None
+    semisync_status: str = ""
+    replicas: list[ReplicaChannel] = field(default_factory=list)
+    shards: int = 0
+    shard_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _status_vars(conn: Any, like: str) -> dict[str, str]:
+    with conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL STATUS LIKE %s", (like,))
+        return {k.lower(): v for k, v in cur.fetchall()}
+
+
+def _vars(conn: Any, like: str) -> dict[str, str]:
+    with conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL VARIABLES LIKE %s", (like,))
+        return {k.lower(): v for k, v in cur.fetchall()}
+
+
+def replica_channels(conn: Any, dialect: Dialect) -> list[ReplicaChannel]:
+    out = []
+    for r in dict_rows(conn, dialect.replica_status):
+        host = r.get("Master_Host") or r.get("Source_Host") or ""
+        port = r.get("Master_Port") or r.get("Source_Port") or ""
+        out.append(ReplicaChannel(
+            connection=r.get("Connection_name", "") or r.get("Channel_Name", "") or "",
+            source=f"{host}:{port}",
+            io_running=r.get("Slave_IO_Running") or r.get("Replica_IO_Running") or "",
+            sql_running=r.get("Slave_SQL_Running") or r.get("Replica_SQL_Running") or "",
+            seconds_behind=r.get("Seconds_Behind_Master", r.get("Seconds_Behind_Source")),
+            gtid_io_pos=r.get("Gtid_IO_Pos") or r.get("Retrieved_Gtid_Set") or "",
+            last_error=r.get("Last_Error") or r.get("Last_IO_Error") or "",
+        ))
+    return out
+
+
+def server_state(server: str, user: str, password: str, *, timeout: float = 5.0,
+                 with_sizes: bool = True) -> ServerState:
+    """Everything ``shard_info`` reports about one server; unreachable is a state, not an error."""
+    try:
+        conn = connect(server, user, password, timeout=timeout)
+    except DatabaseError as exc:
+        return ServerState(server, False, str(exc))
+    try:
+        d = server_dialect(conn)
+        st = ServerState(server, True, version=d.version)
+        st.read_only = bool(int(scalar(conn, "SELECT @@GLOBAL.read_only")))
+        st.gtid_binlog_pos = str(scalar(conn, d.gtid_position_sql) or "")
+        if d.is_mariadb:
+            st.gtid_slave_pos = str(scalar(conn, "SELECT @@GLOBAL.gtid_slave_pos") or "")
+        sv = _vars(conn, "rpl_semi_sync_%enabled")
+        ss = _status_vars(conn, "rpl_semi_sync_%")
+        p = d.semisync_prefix
+        st.semisync_master = sv.get(f"{p}_enabled", "OFF").upper() == "ON"
+        rep = p.replace("master", "slave").replace("source", "replica")
+        st.semisync_replica = sv.get(f"{rep}_enabled", "OFF").upper() == "ON"
+        st.semisync_status = ss.get(f"{p}_status", "")
+        clients = ss.get(f"{p}_clients")
+        st.semisync_master_clients = int(clients) if clients not in (None, "") else None
+        st.replicas = replica_channels(conn, d)
+        if with_sizes:
+            row = dict_rows(conn, "SELECT COUNT(DISTINCT TABLE_SCHEMA) AS n, "
+                            "COALESCE(SUM(DATA_LENGTH + INDEX_LENGTH), 0) AS b "
+                            "FROM information_schema.TABLES "
+                            "WHERE TABLE_SCHEMA REGEXP '^db[0-9]{5}$'")[0]
+            st.shards, st.shard_bytes = int(row["n"]), int(row["b"])
+        else:
+            st.shards = int(scalar(conn, "SELECT COUNT(*) FROM information_schema.SCHEMATA "
+                                         "WHERE SCHEMA_NAME REGEXP '^db[0-9]{5}$'"))
+        return st
+    except pymysql.err.MySQLError as exc:
+        return ServerState(server, True, f"{server}: {exc}")
+    finally:
+        conn.close()
+
+
+def zookeeper_mode(server: str, timeout: float = 3.0) -> dict[str, Any]:
+    """The ``srvr`` four-letter word of one ZooKeeper node: its mode, or why not."""
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port or 2181)), timeout=timeout) as s:
+            s.sendall(b"srvr")
+            data = b""
+            while len(data) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as exc:
+        return {"server": server, "mode": "unreachable", "error": str(exc)}
+    text = data.decode("utf-8", "replace")
+    if "not in the whitelist" in text:
+        return {"server": server, "mode": "unknown", "error": "srvr is not whitelisted"}
+    mode = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                 if ln.startswith("Mode:")), "unknown")
+    zxid = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                 if ln.startswith("Zxid:")), "")
+    return {"server": server, "mode": mode, "zxid": zxid}
