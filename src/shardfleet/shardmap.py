@@ -323,3 +323,19 @@ def plan_change(current: ShardMap | None, state: str, entries: Iterable[Mapping[
         b = (e["range"][0], e["range"][1])
         merged[b] = {**merged.get(b, {}), **e}
     return ShardMap.from_ranges(merged.values(), count, known_hosts)
+
+
+def even_split(first: int, last: int, parts: int) -> list[tuple[int, int]]:
+    """Split shards ``first..last`` into *parts* contiguous ranges as even as possible
+    (the first ranges get the remainder): 0..4095 over 2 pairs -> 0..2047, 2048..4095."""
+    if not isinstance(parts, int) or parts < 1:
+        raise MapError(f"cannot split a range into {parts!r} parts")
+    total = last - first + 1
+    if total < parts:
+        raise MapError(f"{total} shards cannot be spread over {parts} pairs")
+    out, start = [], first
+    for i in range(parts):
+        size = total // parts + (1 if i < total % parts else 0)
+        out.append((start, start + size - 1))
+        start += size
+    return out
