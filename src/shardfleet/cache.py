@@ -36,6 +36,7 @@ old row back in):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -93,6 +94,41 @@ class CacheStats:
         self.hits = self.misses = self.fills = self.invalidations = 0
 
 
+class FastRendezvousHash:
+    """Rendezvous (highest random weight) hashing with MD5 from C.
+
+    pymemcache's default ``RendezvousHash`` computes murmur3 in pure Python, once
+    per key per server: about 1 ms for a 50-key multi-get on two servers, more
+    than the round trips. MD5 gives the same properties (a key moves only when
+    its server leaves) at a few microseconds per key.
+    """
+
+    def __init__(self, nodes: Iterable[str] | None = None, seed: int = 0) -> None:
+        self.nodes: list[str] = []
+        self._salts: dict[str, bytes] = {}
+        for n in nodes or ():
+            self.add_node(n)
+
+    def add_node(self, node: str) -> None:
+        if node not in self._salts:
+            self.nodes.append(node)
+            self._salts[node] = f"{node}-".encode()
+
+    def remove_node(self, node: str) -> None:
+        if node in self._salts:
+            self.nodes.remove(node)
+            del self._salts[node]
+
+    def get_node(self, key: str | bytes) -> str | None:
+        raw = key.encode() if isinstance(key, str) else key
+        best, best_score = None, b""
+        for node in self.nodes:
+            score = hashlib.md5(self._salts[node] + raw, usedforsecurity=False).digest()
+            if score > best_score:
+                best, best_score = node, score
+        return best
+
+
 def _hash_client_class() -> Any:
     from pymemcache.client.hash import HashClient
 
@@ -117,7 +153,30 @@ def _hash_client_class() -> Any:
                 return default_val
             return result
 
+        def add_many(self, values: dict[str, bytes], expire: int) -> None:
+            """``add`` of many keys, one pipelined write per server, without replies.
+
+            pymemcache has ``set_many`` but no ``add_many``; its client's
+            ``_store_cmd`` (4.x) sends any store command for many keys at once.
+            """
+            batches: dict[Any, dict[str, bytes]] = {}
+            for key, value in values.items():
+                client = self._get_client(key)
+                if client is not None:
+                    batches.setdefault(client, {})[key] = value
+            for client, batch in batches.items():
+                self._safely_run_func(client, _add_many_one, None, client, batch, expire)
+
     return _LoggingHashClient
+
+
+def _add_many_one(client: Any, values: dict[str, bytes], expire: int) -> None:
+    pool = getattr(client, "client_pool", None)
+    if pool is None:
+        client._store_cmd(b"add", values, expire, True)
+        return
+    with pool.get_and_release(destroy_on_fail=True) as c:
+        c._store_cmd(b"add", values, expire, True)
 
 
 def _server_tuple(server: str) -> tuple[str, int]:
@@ -160,7 +219,7 @@ class ObjectCache:
                          timeout=timeout, retry_attempts=retry_attempts,
                          retry_timeout=retry_timeout, dead_timeout=dead_timeout,
                          use_pooling=True, max_pool_size=max_pool_size, ignore_exc=False,
-                         no_delay=True)
+                         no_delay=True, hasher=FastRendezvousHash)
             client.health = self.health
         self.client = client
 
@@ -212,8 +271,16 @@ class ObjectCache:
         self.stats.fills += 1
 
     def fill_many(self, bodies: Mapping[int, str | bytes]) -> None:
-        for object_id, raw in bodies.items():
-            self.fill(object_id, raw)
+        """:meth:`fill` of many bodies: one pipelined ``add`` per server when the client can."""
+        add_many = getattr(self.client, "add_many", None)
+        if add_many is None:
+            for object_id, raw in bodies.items():
+                self.fill(object_id, raw)
+            return
+        values = {self.key(i): (r.encode() if isinstance(r, str) else r)
+                  for i, r in bodies.items()}
+        self._call("add_many", add_many, values, self.ttl)
+        self.stats.fills += len(values)
 
     # -- invalidation --------------------------------------------------------
     def invalidate(self, object_id: int) -> bool:
