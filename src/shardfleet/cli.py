@@ -139,6 +139,60 @@ def _zk_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0)
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Copy the legacy database into the fleet until the drift is zero, then verify."""
+    import random
+
+    import pymysql
+
+    from shardfleet.migrate import Migration, MigrationError
+    from shardfleet.router import Router, split_hostport
+    from shardfleet.store import Store
+
+    host, port = split_hostport(args.legacy)
+
+    def connect_legacy() -> Any:
+        try:
+            return pymysql.connect(host=host, port=port, user=args.legacy_user,
+                                   password=os.environ.get("SHARDFLEET_LEGACY_PASSWORD", ""),
+                                   charset="utf8mb4", autocommit=True, connect_timeout=10)
+        except pymysql.err.MySQLError as exc:
+            raise MigrationError(f"legacy server {args.legacy}: {exc}") from None
+
+    caches: dict[str, Any] = {}
+    if args.memcached:
+        from shardfleet.cache import ObjectCache
+
+        caches["object_cache"] = ObjectCache(args.memcached)
+    if args.redis:
+        from shardfleet.cache import MappingCache
+
+        caches["mapping_cache"] = MappingCache(args.redis)
+    router = Router(_zk_store(args), user=os.environ.get("SHARDFLEET_APP_USER", "shardfleet_app"),
+                    password=os.environ.get("SHARDFLEET_APP_PASSWORD", ""))
+    store = Store(router, _schema(args), **caches)
+    show = {"auto": None, "always": True, "never": False}[args.progress]
+    try:
+        mig = Migration(store, connect_legacy, args.legacy_db, state_db=args.state_db,
+                        source=args.source, batch=args.batch, max_passes=args.max_passes,
+                        rng=random.Random(args.seed) if args.seed is not None else None,
+                        progress=show is not False, tty=show)
+        if args.dry_run:
+            for line in mig.plan():
+                print(line)
+            mig.close()
+            return 0
+        result = mig.run(verify=not args.no_verify)
+        print(f"migrated: {len(result.passes)} passes, drift 0"
+              + (", verified" if result.checks else ", not verified (--no-verify)"))
+        return 0
+    except pymysql.err.MySQLError as exc:
+        raise MigrationError(f"migration: {exc}") from None
+    finally:
+        store.close()
+        router.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="shardfleet", description=__doc__)
     p.add_argument("--version", action="version", version=f"shardfleet {__version__}")
@@ -180,6 +234,32 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-sizes", action="store_true", help="skip summing shard sizes")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    mg = sub.add_parser(
+        "migrate", help="copy a legacy database into the fleet until the drift is zero",
+        description="Copy a legacy single database (users, boards, pins, likes, follows) into "
+        "the fleet, repeat passes until one finds nothing new, then verify counts and "
+        "checksums per type. Passwords come from the environment: "
+        "SHARDFLEET_LEGACY_PASSWORD, SHARDFLEET_APP_USER / SHARDFLEET_APP_PASSWORD.")
+    mg.add_argument("--legacy", default=os.environ.get("SHARDFLEET_LEGACY", "127.0.0.1:3306"),
+                    metavar="HOST:PORT", help="the legacy server (env SHARDFLEET_LEGACY)")
+    mg.add_argument("--legacy-db", default="legacy", help="the legacy database (legacy)")
+    mg.add_argument("--legacy-user", default=os.environ.get("SHARDFLEET_LEGACY_USER", "root"))
+    mg.add_argument("--state-db", default="shardfleet_migration",
+                    help="the migration's own database on the legacy server")
+    mg.add_argument("--source", help="legacy_src tag in copied bodies (default: --legacy-db)")
+    _zk_args(mg)
+    mg.add_argument("--memcached", action="append", metavar="HOST:PORT",
+                    help="object cache servers to keep right while copying (repeatable)")
+    mg.add_argument("--redis", metavar="URL", help="mapping cache to keep right while copying")
+    mg.add_argument("--max-passes", type=int, default=20)
+    mg.add_argument("--batch", type=int, default=1000, help="rows per chunk (1000)")
+    mg.add_argument("--seed", type=int, help="placement seed (reproducible runs)")
+    mg.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
+                    help="auto: a bar on a terminal, plain lines otherwise")
+    mg.add_argument("--no-verify", action="store_true", help="skip the final verification")
+    mg.add_argument("--dry-run", action="store_true", help="show the plan, copy nothing")
+    mg.set_defaults(func=cmd_migrate)
     return p
 
 
