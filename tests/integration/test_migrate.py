@@ -39,8 +39,8 @@ def test_live_legacy_database_migrates_to_zero_drift(store, legacy_server):
     counts = generate(conn, "legacy_big", 10_000, seed=1)
     conn.close()
     assert counts["users"] == 10_000 and counts["pins"] > 10_000 and counts["likes"] > 10_000
-    writer = LegacyWriter(legacy_server.connect, "legacy_big", seed=4, max_ops=1500,
-                          max_seconds=40, pause=0.002)
+    writer = LegacyWriter(legacy_server.connect, "legacy_big", seed=4, max_ops=8000,
+                          max_seconds=40, pause=0.003)
     seen: list[tuple[int, int, int]] = []
 
     def after_pass(rep):
@@ -57,7 +57,9 @@ def test_live_legacy_database_migrates_to_zero_drift(store, legacy_server):
     writer.join(30)
     assert writer.error is None, f"the legacy writer failed: {writer.error}"
     assert seen[0][2] > 0, "the writer wrote during the first pass"
+    assert seen[1][2] > seen[0][2], f"the writer still wrote during the second pass: {seen}"
     assert seen[1][1] > 0, f"the second pass found the writer's changes: {seen}"
+    print("\n".join(lines))  # the pass and verification lines, for -s runs
     assert len(result.passes) >= 3 and result.passes[-1].drift == 0, lines
     assert result.verified, "\n".join(c.line() for c in result.checks)
     names = {c.name for c in result.checks}
