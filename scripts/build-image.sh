@@ -27,6 +27,7 @@ FLEET_PACKAGES=(
   zookeeper python3-kazoo                         # roles/zookeeper (native unit, no zookeeperd)
   redis-server                                    # roles/redis
   memcached                                       # roles/memcached
+  python3-yaml                                    # roles/shards (the shardfleet library)
 )
 # Services those packages enable; disabled in the image (the roles enable their own).
 FLEET_SERVICES=(mariadb.service redis-server.service memcached.service)

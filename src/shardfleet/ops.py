@@ -1,0 +1,94 @@
+"""Operation journals and per-pair locks in ZooKeeper, beside the map.
+
+Layout under the cluster's root (``/shardfleet/<cluster>``)::
+
+    ops/journal/<name>   JSON journal of one operation (split, promotion)
+    ops/locks/<name>     kazoo Lock: one operation at a time per pair
+
+A journal is written with compare-and-set like the map, so two operators
+cannot interleave steps; it is what makes a rerun continue where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from shardfleet.errors import MapConflictError, ShardfleetError
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+
+log = logging.getLogger(__name__)
+
+
+class LockBusy(ShardfleetError):
+    """Raised when another operation holds the pair's lock."""
+
+
+class Journal:
+    """A versioned JSON document at ``ops/journal/<name>``."""
+
+    def __init__(self, store: ZooKeeperMapStore, name: str) -> None:
+        if not name or "/" in name:
+            raise ShardfleetError(f"journal name {name!r} must be non-empty without '/'")
+        self.store = store
+        self.path = f"{store.root}/{store.cluster}/ops/journal/{name}"
+        self.version = NO_NODE
+        self.data: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any] | None:
+        raw, self.version = self.store.read_raw(self.path)
+        self.data = json.loads(raw) if raw else None
+        return self.data
+
+    def save(self, data: dict[str, Any]) -> None:
+        """Write *data* if nobody else wrote since :meth:`load` (MapConflictError otherwise)."""
+        data = dict(data, updated_at=time.time())
+        self.version = self.store.write_raw(self.path, json.dumps(data, sort_keys=True).encode(),
+                                            self.version)
+        self.data = data
+
+    def step(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Record that step *name* is done (with *fields*), appending to ``steps``."""
+        data = dict(self.data or {})
+        steps = list(data.get("steps", []))
+        steps.append({"step": name, "at": time.time(), **fields})
+        data.update(fields, step=name, steps=steps)
+        self.save(data)
+        return data
+
+    def delete(self) -> None:
+        if self.version != NO_NODE:
+            self.store.delete_raw(self.path, self.version)
+        self.version, self.data = NO_NODE, None
+
+
+@contextmanager
+def pair_lock(store: ZooKeeperMapStore, name: str, *, timeout: float = 5.0,
+              identifier: str = "") -> Iterator[None]:
+    """Hold ``ops/locks/<name>`` for the duration; LockBusy if another holder keeps it."""
+    from kazoo.exceptions import LockTimeout
+
+    path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+    lock = store.client.Lock(path, identifier or "shardfleet")
+    try:
+        got = lock.acquire(timeout=timeout)
+    except LockTimeout:
+        got = False
+    if not got:
+        holders = lock.contenders()
+        raise LockBusy(f"another operation holds {path} ({', '.join(holders) or 'unknown'}); "
+                       "wait for it, or check the journal")
+    try:
+        yield
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - the session may already be gone
+            log.warning("could not release %s", path, exc_info=True)
+
+
+__all__ = ["Journal", "LockBusy", "MapConflictError", "pair_lock"]

@@ -1,0 +1,94 @@
+"""Replication primitives the split and promotion operations are built from.
+
+MariaDB (tested) and MySQL 8 (dialect chosen in :mod:`shardfleet.topology`,
+not tested here) differ in names; every function takes an open admin
+connection. Positions are compared by GTID, never by ``Seconds_Behind_Master``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from shardfleet import topology
+from shardfleet.errors import DatabaseError, ShardfleetError
+
+log = logging.getLogger(__name__)
+
+
+class ReplicationTimeout(ShardfleetError):
+    """Raised when a server did not apply a GTID position within the bounded wait."""
+
+
+def gtid_position(conn: Any) -> str:
+    """The server's binlog GTID position (what it has written), e.g. ``"1-11-42,2-12-7"``."""
+    return str(topology.scalar(conn, topology.server_dialect(conn).gtid_position_sql) or "")
+
+
+def gtid_applied(conn: Any) -> str:
+    """Every GTID the server has applied or written (MariaDB ``gtid_current_pos``)."""
+    d = topology.server_dialect(conn)
+    if d.is_mariadb:
+        return str(topology.scalar(conn, "SELECT @@GLOBAL.gtid_current_pos") or "")
+    return str(topology.scalar(conn, "SELECT @@GLOBAL.gtid_executed") or "")
+
+
+def parse_gtids(pos: str) -> dict[int, tuple[int, int]]:
+    """MariaDB ``domain-server-seq`` list -> ``{domain: (server, seq)}``."""
+    out: dict[int, tuple[int, int]] = {}
+    for part in (p.strip() for p in pos.split(",") if p.strip()):
+        try:
+            d, s, n = (int(x) for x in part.split("-"))
+        except ValueError:
+            raise DatabaseError(f"not a MariaDB GTID: {part!r}") from None
+        out[d] = (s, n)
+    return out
+
+
+def gtid_covers(have: str, want: str) -> bool:
+    """True when position *have* includes every domain's sequence of *want* (MariaDB)."""
+    h = parse_gtids(have)
+    return all(d in h and h[d][1] >= n for d, (_, n) in parse_gtids(want).items())
+
+
+def wait_for_gtid(conn: Any, position: str, timeout: float) -> None:
+    """Block until the server has applied *position* (bounded); ReplicationTimeout otherwise."""
+    if not position:
+        return
+    d = topology.server_dialect(conn)
+    if d.is_mariadb:
+        res = topology.scalar(conn, "SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout))
+    else:
+        res = topology.scalar(conn, "SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, %s)",
+                              (position, timeout))
+    if res is None or int(res) != 0:
+        raise ReplicationTimeout(f"server did not apply GTID {position} within {timeout}s "
+                                 f"(it is at {gtid_applied(conn)})")
+
+
+def set_read_only(conn: Any, on: bool) -> bool:
+    """Set global read_only; returns True when it changed."""
+    cur = bool(int(topology.scalar(conn, "SELECT @@GLOBAL.read_only")))
+    if cur == on:
+        return False
+    with conn.cursor() as c:
+        c.execute(f"SET GLOBAL read_only = {'ON' if on else 'OFF'}")
+    return True
+
+
+def open_write_transactions(conn: Any) -> int:
+    """Transactions that hold row locks or modified rows (what read_only waits on)."""
+    return int(topology.scalar(
+        conn, "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+              "WHERE trx_rows_modified > 0 OR trx_rows_locked > 0") or 0)
+
+
+def wait_no_write_transactions(conn: Any, timeout: float, poll: float = 0.02) -> int:
+    """Wait (bounded) until no write transaction is open; returns how many remain."""
+    deadline = time.monotonic() + timeout
+    n = open_write_transactions(conn)
+    while n and time.monotonic() < deadline:
+        time.sleep(poll)
+        n = open_write_transactions(conn)
+    return n
