@@ -45,7 +45,8 @@ unit: venv
 integration: deps
 	$(PYTEST) -q -m integration tests/integration
 
-check: lint unit
+check: lint
+	HYPOTHESIS_PROFILE=dev $(PYTEST) -q -m "not integration and not e2e" tests/unit
 
 bench: deps
 	$(PY) bench/route_overhead.py

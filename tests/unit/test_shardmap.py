@@ -153,3 +153,46 @@ def test_garbage_bytes_raise_map_error(raw):
         shardmap.loads(raw)
     except MapError:
         pass
+
+
+def test_plan_change_present_merges_fields():
+    m = two_pairs()
+    closed = shardmap.plan_change(m, "present", [{"range": [0, 2047], "state": "closed"}])
+    assert closed.range_for(0).state == "closed" and closed.range_for(0).master == "a1:3306"
+    grown = shardmap.plan_change(m, "present", [{"range": [4096, 8191], "master": "c:1"}])
+    assert len(grown.ranges) == 3
+    assert shardmap.plan_change(m, "present", [r.to_dict() for r in m.ranges]) == m
+
+
+def test_plan_change_exact_absent_and_refusals():
+    m = two_pairs()
+    only = shardmap.plan_change(m, "exact", [{"range": [0, 9], "master": "x:1"}])
+    assert [r.bounds for r in only.ranges] == [(0, 9)]
+    assert shardmap.plan_change(m, "absent", [{"range": [2048, 4095]}]).ranges == m.ranges[:1]
+    assert shardmap.plan_change(m, "absent", [{"range": [9000, 9001]}]) == m
+    with pytest.raises(MapError, match="partly overlaps"):
+        shardmap.plan_change(m, "absent", [{"range": [0, 10]}])
+    with pytest.raises(MapError, match="fixed at 4096"):
+        shardmap.plan_change(m, "present", [], mod_shard_count=8)
+    with pytest.raises(MapError, match="overlaps"):
+        shardmap.plan_change(m, "present", [{"range": [100, 3000], "master": "z:1"}])
+    with pytest.raises(MapError, match="first, last"):
+        shardmap.plan_change(m, "present", [{"range": "0-10"}])
+    with pytest.raises(MapError, match="no map"):
+        shardmap.plan_change(None, "absent", [{"range": [0, 1]}])
+
+
+@pytest.mark.parametrize("first,last,parts,expect", [
+    (0, 4095, 2, [(0, 2047), (2048, 4095)]),
+    (0, 4095, 3, [(0, 1365), (1366, 2730), (2731, 4095)]),
+    (4096, 8191, 1, [(4096, 8191)]),
+])
+def test_even_split(first, last, parts, expect):
+    assert shardmap.even_split(first, last, parts) == expect
+
+
+def test_even_split_refuses():
+    with pytest.raises(MapError):
+        shardmap.even_split(0, 1, 3)
+    with pytest.raises(MapError):
+        shardmap.even_split(0, 10, 0)
