@@ -90,4 +90,10 @@ def store(router):
 
 
 # Cache fixtures (memcached group, Redis, a store with both caches) live in their own module.
-from .cache_fixtures import cached_store, caches, memcached_group, redis_server  # noqa: E402,F401
+from .cache_fixtures import (  # noqa: E402,F401
+    cache_router,
+    cached_store,
+    caches,
+    memcached_group,
+    redis_server,
+)

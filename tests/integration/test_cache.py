@@ -135,13 +135,13 @@ def test_fill_after_add_is_refused(cached_store, caches):
     assert cached_store.list("board_has_pins", board).ids == [b, a]
 
 
-def test_cached_pages_match_the_database_under_random_changes(router, caches):
+def test_cached_pages_match_the_database_under_random_changes(cache_router, caches):
     """A small capacity (5) forces partial lists: every page of every state must equal
     the uncached store's page, after random adds, re-sequences and removes."""
     oc, shared = caches
     small = MappingCache(shared.client, capacity=5, prefix=shared.prefix + "small:")
-    plain = Store(router)
-    cached = Store(router, object_cache=oc, mapping_cache=small)
+    plain = Store(cache_router)
+    cached = Store(cache_router, object_cache=oc, mapping_cache=small)
     rng = random.Random(5)
     board = plain.create("board", {})
     pins = [plain.create("pin", {}, near=board) for _ in range(14)]
@@ -170,12 +170,12 @@ def test_cached_pages_match_the_database_under_random_changes(router, caches):
         plain.close()
 
 
-def test_dead_memcached_degrades_to_the_database(router, tmp_path, caplog):
+def test_dead_memcached_degrades_to_the_database(cache_router, tmp_path, caplog):
     from shardfleet.testing import MemcachedServer
 
     group = [MemcachedServer(tmp_path).start() for _ in range(2)]
     oc = object_cache(group, retry_timeout=0.2, retry_attempts=1, dead_timeout=60)
-    s = Store(router, object_cache=oc)
+    s = Store(cache_router, object_cache=oc)
     try:
         made = [s.create("pin", {"n": i}) for i in range(20)]
         assert len(s.get_many(made).items) == 20
@@ -201,12 +201,12 @@ def test_dead_memcached_degrades_to_the_database(router, tmp_path, caplog):
             g.stop(remove=True)
 
 
-def test_dead_redis_degrades_to_the_database(router, tmp_path, caplog):
+def test_dead_redis_degrades_to_the_database(cache_router, tmp_path, caplog):
     from shardfleet.testing import RedisServer
 
     r = RedisServer(tmp_path).start()
     mc = mapping_cache(r, retry_after=0.1)
-    s = Store(router, mapping_cache=mc)
+    s = Store(cache_router, mapping_cache=mc)
     try:
         board = s.create("board", {})
         pins = [s.create("pin", {}, near=board) for _ in range(4)]
