@@ -23,7 +23,6 @@ Goal: warm >= 10x faster than cold. Every loop is bounded in count and in time.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import tempfile
@@ -64,7 +63,6 @@ def main() -> int:
         oc = ObjectCache([m.address for m in mcs])
         mc = MappingCache(redis.Redis(host="127.0.0.1", port=rds.port, **redis_options()))
         cached = Store(router, object_cache=oc, mapping_cache=mc)
-        rng = random.Random(11)
         boards = []
         for b in range(args.boards):
             board = db.create("board", {"title": f"board {b}"})

@@ -153,6 +153,27 @@ def _hash_client_class() -> Any:
                 return default_val
             return result
 
+        def get_many(self, keys: Sequence[str], gets: bool = False,
+                     *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            """HashClient.get_many without its per-key key check (our keys are made by
+            :meth:`ObjectCache.key`: ASCII, no spaces, short), which cost more than the
+            hashing."""
+            if gets or args or kwargs:
+                return dict(super().get_many(keys, gets, *args, **kwargs))
+            if self._dead_clients:
+                self._retry_dead()
+            batches: dict[str, list[str]] = {}
+            get_node = self.hasher.get_node
+            for key in keys:
+                node = get_node(key)
+                if node is not None:
+                    batches.setdefault(node, []).append(key)
+            out: dict[Any, Any] = {}
+            for node, batch in batches.items():
+                client = self.clients[node]
+                out.update(self._safely_run_func(client, client.get_many, {}, batch))
+            return out
+
         def add_many(self, values: dict[str, bytes], expire: int) -> None:
             """``add`` of many keys, one pipelined write per server, without replies.
 
@@ -356,6 +377,21 @@ redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 """
 
+# KEYS: zset, meta, gen. ARGV: how many, [max score]. One atomic read; the entries come
+# back as one "member score member score ..." string: a reply of 2 x N bulk strings
+# costs redis-py's pure-Python parser more than the round trip.
+_READ_LUA = """
+local rows
+if ARGV[2] then
+  rows = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[2], '-inf', 'WITHSCORES', 'LIMIT', 0,
+                    tonumber(ARGV[1]))
+else
+  rows = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+end
+return {redis.call('GET', KEYS[2]) or false, redis.call('GET', KEYS[3]) or false,
+        table.concat(rows, ' ')}
+"""
+
 UNAVAILABLE: Any = object()  # a lookup token: the cache could not be asked, do not fill
 
 
@@ -428,6 +464,7 @@ class MappingCache:
         self._remove = client.register_script(_REMOVE_LUA)
         self._invalidate = client.register_script(_INVALIDATE_LUA)
         self._fill = client.register_script(_FILL_LUA)
+        self._read = client.register_script(_READ_LUA)
 
     def keys(self, name: str, from_id: int) -> list[str]:
         tag = f"{self.prefix}{{{name}:{from_id}}}"
@@ -456,28 +493,19 @@ class MappingCache:
                cursor: tuple[int, int] | None = None) -> tuple[CachedPage | None, Any]:
         """A page from the cache, or ``(None, token)`` on a miss.
 
-        *token* is the list's generation as seen by this lookup; pass it to
-        :meth:`fill`. It is :data:`UNAVAILABLE` when Redis could not be asked.
+        *token* is the list's generation as seen by this lookup (read atomically
+        with the entries, in one Lua script); pass it to :meth:`fill`. It is
+        :data:`UNAVAILABLE` when Redis could not be asked.
         """
-        zkey, mkey, gkey = self.keys(name, from_id)
         extra = 8  # entries tied with the cursor's sequence that the filter may drop
-
-        def ask() -> list[Any]:
-            p = self.client.pipeline(transaction=True)
-            p.get(mkey)
-            if cursor is None:
-                p.zrevrange(zkey, 0, limit, withscores=True)
-            else:
-                p.zrevrangebyscore(zkey, cursor[0], "-inf", start=0, num=limit + 1 + extra,
-                                   withscores=True)
-            p.get(gkey)
-            return list(p.execute())
-
-        res = self._run("lookup", ask)
+        args = [limit + 1] if cursor is None else [limit + 1 + extra, cursor[0]]
+        res = self._run("lookup", self._read, keys=self.keys(name, from_id), args=args)
         if res is UNAVAILABLE:
             self.stats.misses += 1
             return None, UNAVAILABLE
-        meta, entries, gen = res
+        meta, gen, packed = res
+        parts = packed.split() if packed else []
+        entries = [(parts[i], float(parts[i + 1])) for i in range(0, len(parts), 2)]
         token = gen.decode() if gen is not None else ""
         if meta is None:
             self.stats.misses += 1
