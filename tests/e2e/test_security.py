@@ -1,14 +1,17 @@
 """Security checks on the e2e fleet: what the application and replication users
-can and cannot do. Shard databases are created here the way the shards role
-will (one GRANT per database), since site.yml has no shards play yet.
+can and cannot do. Two shard-style databases of the test's own (db65000, db65001:
+valid shard names far above the fleet's 4096, so the shards play never owns them)
+are granted the way the shards role grants (one GRANT per database).
 
 MariaDB checks read_only before some privileges (CREATE TABLE on a read-only
 node fails with 1290 whatever the user may do), so the privilege checks run on
-pair001's side a made writable, as the shards play / a promotion will make a
-master; side b stays read-only, the standby."""
+pair001's writable master: the node the shards play made writable, else side a
+made writable here (and read-only again afterwards); the other node is the
+read-only standby."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -25,34 +28,49 @@ READ_ONLY = 1290  # --read-only: the privilege check passed, read_only refused t
 APP_PRIVS = "SELECT, INSERT, UPDATE, DELETE"
 
 
+SHARDS = ("db65000", "db65001")
+
+
 @pytest.fixture(scope="module")
 def shards(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    """Two shard databases on pair001 with per-database grants; side a writable.
-
-    Yields (master, standby); puts read_only back on the master afterwards.
-    """
+    """Two shard databases on pair001 with per-database grants; yields (master, standby)."""
     a, b = [n for n in fleet.group("mysql") if fleet.hosts[n]["shardfleet_pair"] == "pair001"]
-    with mysql(fleet, a) as conn, conn.cursor() as cur:
-        cur.execute("SET GLOBAL read_only = OFF")
-        for db in ("db00000", "db00001"):
+    with mysql(fleet, b) as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.read_only AS ro")
+        b_writable = cur.fetchone()["ro"] == 0
+    master, standby = (b, a) if b_writable else (a, b)
+    with mysql(fleet, master) as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.read_only AS ro")
+        made_writable = cur.fetchone()["ro"] == 1
+        if made_writable:
+            cur.execute("SET GLOBAL read_only = OFF")
+        for db in SHARDS:
             cur.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {db}.pins (local_id BIGINT AUTO_INCREMENT"
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {db}.e2e_rows (id BIGINT AUTO_INCREMENT"
                         " PRIMARY KEY, data JSON NOT NULL)")
-            cur.execute(f"INSERT INTO {db}.pins (data) VALUES ('{{\"secret\": 1}}')")
+            cur.execute(f"INSERT INTO {db}.e2e_rows (data) VALUES ('{{\"secret\": 1}}')")
             cur.execute(f"GRANT {APP_PRIVS} ON {db}.* TO 'shardfleet_app'@'%'")
     deadline = time.monotonic() + 30
-    while True:  # the grants and rows replicate to b
-        with mysql(fleet, b) as conn, conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) AS n FROM mysql.db WHERE User = 'shardfleet_app'")
+    while True:  # the grants and rows replicate to the standby
+        with mysql(fleet, standby) as conn, conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) AS n FROM mysql.db WHERE User = 'shardfleet_app'"
+                        " AND Db IN %s", (SHARDS,))
             if cur.fetchone()["n"] >= 2:
                 break
         assert time.monotonic() < deadline, "shard grants never replicated to the standby"
         time.sleep(0.5)
     try:
-        yield a, b
+        yield master, standby
     finally:
-        with mysql(fleet, a) as conn, conn.cursor() as cur:
-            cur.execute("SET GLOBAL read_only = ON")
+        with mysql(fleet, master) as conn, conn.cursor() as cur:
+            for db in SHARDS:
+                cur.execute(f"DROP DATABASE IF EXISTS {db}")
+                try:  # DROP DATABASE keeps grants; these would outlive the test
+                    cur.execute(f"REVOKE {APP_PRIVS} ON {db}.* FROM 'shardfleet_app'@'%'")
+                except pymysql.MySQLError:
+                    pass
+            if made_writable:
+                cur.execute("SET GLOBAL read_only = ON")
 
 
 def denied(conn: pymysql.connections.Connection, sql: str) -> int:
@@ -66,14 +84,14 @@ def denied(conn: pymysql.connections.Connection, sql: str) -> int:
 
 
 @pytest.mark.parametrize("sql", [
-    "CREATE TABLE db00000.evil (id INT)",
-    "CREATE DATABASE db09999",
-    "DROP TABLE db00000.pins",
-    "DROP DATABASE db00000",
-    "ALTER TABLE db00000.pins ADD COLUMN evil INT",
+    "CREATE TABLE db65000.evil (id INT)",
+    "CREATE DATABASE db65099",
+    "DROP TABLE db65000.e2e_rows",
+    "DROP DATABASE db65000",
+    "ALTER TABLE db65000.e2e_rows ADD COLUMN evil INT",
     "SELECT * FROM mysql.user",
     "SELECT * FROM mysql.db",
-    "GRANT SELECT ON db00000.* TO 'shardfleet_repl'@'%'",
+    "GRANT SELECT ON db65000.* TO 'shardfleet_repl'@'%'",
     "SET GLOBAL read_only = OFF",
 ])
 def test_app_user_cannot(fleet: Fleet, shards: tuple[str, str], sql: str) -> None:
@@ -92,15 +110,15 @@ def test_app_user_writes_its_shards_on_the_master_only(
         fleet: Fleet, shards: tuple[str, str]) -> None:
     master, standby = shards
     with mysql(fleet, master, "app") as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO db00000.pins (data) VALUES ('{}')")
-        cur.execute("UPDATE db00000.pins SET data = '{\"v\": 2}' WHERE local_id = %s",
+        cur.execute("INSERT INTO db65000.e2e_rows (data) VALUES ('{}')")
+        cur.execute("UPDATE db65000.e2e_rows SET data = '{\"v\": 2}' WHERE local_id = %s",
                     (cur.lastrowid,))
-        cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")
+        cur.execute("SELECT COUNT(*) AS n FROM db65000.e2e_rows")
         assert cur.fetchone()["n"] >= 2
     with mysql(fleet, standby, "app") as conn, conn.cursor() as cur:
-        cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")  # reads work on the standby
+        cur.execute("SELECT COUNT(*) AS n FROM db65000.e2e_rows")  # reads work on the standby
         # INSERT is granted, so the refusal must come from read_only, not privileges.
-        code = denied(conn, "INSERT INTO db00000.pins (data) VALUES ('{}')")
+        code = denied(conn, "INSERT INTO db65000.e2e_rows (data) VALUES ('{}')")
         assert code == READ_ONLY, \
             f"INSERT on the read-only standby failed with {code}, expected {READ_ONLY}"
 
@@ -108,14 +126,14 @@ def test_app_user_writes_its_shards_on_the_master_only(
 def test_one_shard_can_be_revoked_alone(fleet: Fleet, shards: tuple[str, str]) -> None:
     a, _ = shards
     with mysql(fleet, a) as conn, conn.cursor() as cur:
-        cur.execute(f"REVOKE {APP_PRIVS} ON db00001.* FROM 'shardfleet_app'@'%'")
+        cur.execute(f"REVOKE {APP_PRIVS} ON db65001.* FROM 'shardfleet_app'@'%'")
     try:
         with mysql(fleet, a, "app") as conn, conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) AS n FROM db00000.pins")  # still open
-            assert denied(conn, "SELECT * FROM db00001.pins") in ACCESS_DENIED
+            cur.execute("SELECT COUNT(*) AS n FROM db65000.e2e_rows")  # still open
+            assert denied(conn, "SELECT * FROM db65001.e2e_rows") in ACCESS_DENIED
     finally:
         with mysql(fleet, a) as conn, conn.cursor() as cur:
-            cur.execute(f"GRANT {APP_PRIVS} ON db00001.* TO 'shardfleet_app'@'%'")
+            cur.execute(f"GRANT {APP_PRIVS} ON db65001.* TO 'shardfleet_app'@'%'")
 
 
 def test_app_user_has_no_global_or_wildcard_grant(fleet: Fleet, shards: tuple[str, str]) -> None:
@@ -123,9 +141,10 @@ def test_app_user_has_no_global_or_wildcard_grant(fleet: Fleet, shards: tuple[st
         cur.execute("SHOW GRANTS FOR 'shardfleet_app'@'%'")
         grants = [next(iter(r.values())) for r in cur.fetchall()]
     assert grants[0].startswith("GRANT USAGE ON *.* TO"), grants
-    for g in grants[1:]:
-        assert g.startswith(f"GRANT {APP_PRIVS} ON `db0000"), f"unexpected grant {g!r}"
-        assert "%" not in g.split(" TO ")[0] and "_" not in g.split(" TO ")[0].replace("\\_", ""), g
+    per_shard = re.compile(rf"^GRANT {APP_PRIVS} ON `db\d{{5}}`\.\* TO `shardfleet_app`@`%`$")
+    odd = [g for g in grants[1:] if not per_shard.match(g)]
+    assert not odd, f"app user grants that are not one shard database each: {odd[:5]}"
+    assert {f"`{db}`" for db in SHARDS} <= {g.split(" ON ")[1].split(".")[0] for g in grants[1:]}
 
 
 def test_replication_user_cannot_read_shard_data(fleet: Fleet, shards: tuple[str, str]) -> None:
@@ -134,13 +153,15 @@ def test_replication_user_cannot_read_shard_data(fleet: Fleet, shards: tuple[str
         # On the read-only standby, read_only may answer a DDL before the privilege check.
         ddl_refusals = ACCESS_DENIED if node == master else ACCESS_DENIED | {READ_ONLY}
         with mysql(fleet, node, "repl") as conn:
-            assert denied(conn, "SELECT * FROM db00000.pins") in ACCESS_DENIED
+            assert denied(conn, "SELECT * FROM db65000.e2e_rows") in ACCESS_DENIED
             assert denied(conn, "SELECT * FROM mysql.user") in ACCESS_DENIED
-            assert denied(conn, "CREATE DATABASE db09998") in ddl_refusals
+            assert denied(conn, "CREATE DATABASE db65098") in ddl_refusals
             with conn.cursor() as cur:
                 cur.execute("SHOW DATABASES")
                 visible = {next(iter(r.values())) for r in cur.fetchall()}
-            assert not {"db00000", "db00001", "mysql"} & visible, visible
+            assert not {*SHARDS, "mysql"} & visible, visible
+            shard_dbs = [d for d in visible if re.fullmatch(r"db\d{5}", d)]
+            assert not shard_dbs, f"the replication user sees shard databases {shard_dbs[:5]}"
 
 
 def test_replication_user_has_only_replication_privileges(
