@@ -1,0 +1,767 @@
+"""Promotion: make a pair's standby its master, planned or in an emergency.
+
+Human-triggered, never automatic. One operation at a time per pair (the
+pair's lock in ZooKeeper, :func:`shardfleet.ops.pair_lock`), each step recorded
+in the journal ``ops/journal/promote-<pair>`` so a rerun continues where a
+failed run stopped, and a rerun of a finished promotion changes nothing.
+
+Planned (the master answers)::
+
+    catch up   wait (bounded) until the standby applied the master's position
+    freeze     the pair's ranges -> frozen (frozen_from keeps their state):
+               routers hold writes to them instead of sending them
+    fence      master read_only=ON; wait for open write transactions (bounded)
+    drain      read the master's GTID position; wait until the standby applied it
+    writable   standby read_only=OFF
+    flip       one map write: master and standby swapped, the ranges unfrozen
+
+The old master keeps replicating from the new one (master-master), so the pair
+is whole again. If the standby does not catch up in time the master is made
+writable again and the ranges unfrozen: nothing changed.
+
+Emergency (the master does not answer; or ``force``)::
+
+    freeze     as above (routers wait rather than hammer a dead server)
+    fence      best effort: the old master read_only=ON if it answers
+    drain      stop the standby's I/O thread, wait until it applied every
+               relay log event it received, then stop its replication from
+               the old master (a returning old master cannot push its
+               unacknowledged tail into the new master)
+    errant     GTIDs written on the standby the master never had: reported
+    writable   standby read_only=OFF
+    flip       master and standby swapped, ``rebuild: <old master>`` on the
+               ranges (playbooks/rebuild-standby.yml re-attaches it)
+
+With semi-synchronous replication every acknowledged commit reached the
+standby's relay log, so draining the relay log loses none; when semi-sync is
+off (or its state cannot be shown) the result says so in ``warnings``.
+
+MariaDB is what runs and is tested here (the dialect is picked in
+:mod:`shardfleet.topology`); the relay-log and GTID details are MariaDB's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pymysql
+
+from shardfleet import replication, shardmap, topology
+from shardfleet.errors import DatabaseError, MapConflictError, ShardfleetError
+from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.ops import Journal, LockBusy, pair_lock
+from shardfleet.shardmap import ShardMap, ShardRange
+
+log = logging.getLogger(__name__)
+
+MODES = ("planned", "emergency")
+
+
+class PromotionRefused(ShardfleetError):
+    """Raised before anything changed: the request is unsafe or makes no sense
+    (emergency on a live master, planned on a dead one, unknown pair, lock held)."""
+
+
+class PromotionFailed(ShardfleetError):
+    """Raised when a step failed after changes began; the message says what state
+    the pair was left in and the journal records every step done."""
+
+
+@dataclass
+class Options:
+    """Bounds and credentials of one promotion (all times in seconds)."""
+
+    user: str = "shardfleet_admin"
+    password: str = ""
+    connect_timeout: float = 3.0
+    catchup_timeout: float = 30.0   # standby catches up before anything is frozen
+    drain_timeout: float = 10.0     # standby applies the fenced master's last position
+    trx_timeout: float = 2.0        # open write transactions on the fenced master
+    lock_timeout: float = 2.0
+    force: bool = False
+
+
+@dataclass
+class Result:
+    changed: bool = False
+    mode: str = ""
+    pair: str = ""
+    old_master: str = ""
+    new_master: str = ""
+    ranges: list[list[int]] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errant: list[str] = field(default_factory=list)
+    semisync: dict[str, Any] = field(default_factory=dict)
+    gtid: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    map_before: str = ""
+    map_after: str = ""
+    changes: list[str] = field(default_factory=list)
+    resumed: bool = False
+    next_step: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# -- small helpers ----------------------------------------------------------
+
+def _connect(server: str, opts: Options) -> pymysql.connections.Connection:
+    return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout)
+
+
+def try_connect(server: str, opts: Options) -> tuple[Any | None, str]:
+    """(connection, "") when *server* answers a query, else (None, why)."""
+    try:
+        conn = _connect(server, opts)
+        topology.scalar(conn, "SELECT 1")
+        return conn, ""
+    except (DatabaseError, pymysql.err.MySQLError, OSError) as exc:
+        return None, str(exc)
+
+
+def _close(conn: Any) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def replica_status(conn: Any) -> list[dict[str, Any]]:
+    """Raw replica channel rows (MariaDB ``SHOW ALL SLAVES STATUS``)."""
+    return topology.dict_rows(conn, topology.server_dialect(conn).replica_status)
+
+
+def _channel(conn: Any) -> dict[str, Any] | None:
+    """The node's replication channel from its peer (a pair node has exactly one)."""
+    rows = replica_status(conn)
+    if len(rows) > 1:
+        raise PromotionRefused(f"{len(rows)} replication channels found; a pair node has one")
+    return rows[0] if rows else None
+
+
+def _channel_sql(verb: str, row: dict[str, Any] | None, thread: str = "") -> str:
+    name = (row or {}).get("Connection_name") or ""
+    quoted = f" '{name}'" if name else ""
+    return f"{verb} SLAVE{quoted}{(' ' + thread) if thread else ''}"
+
+
+def _read_only(conn: Any) -> bool:
+    return bool(int(topology.scalar(conn, "SELECT @@GLOBAL.read_only")))
+
+
+def _server_id(conn: Any) -> int:
+    return int(topology.scalar(conn, "SELECT @@GLOBAL.server_id"))
+
+
+def semisync_state(conn: Any) -> dict[str, Any]:
+    """Semi-sync settings and status of one node (MariaDB names)."""
+    with conn.cursor() as c:
+        c.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_%enabled'")
+        v = {k.lower(): str(val) for k, val in c.fetchall()}
+        c.execute("SHOW GLOBAL STATUS LIKE 'rpl_semi_sync_%'")
+        s = {k.lower(): str(val) for k, val in c.fetchall()}
+    return {
+        "master_enabled": v.get("rpl_semi_sync_master_enabled", "OFF").upper() == "ON",
+        "replica_enabled": v.get("rpl_semi_sync_slave_enabled", "OFF").upper() == "ON",
+        "master_status": s.get("rpl_semi_sync_master_status", ""),
+        "replica_status": s.get("rpl_semi_sync_slave_status", ""),
+        "master_no_tx": int(s.get("rpl_semi_sync_master_no_tx", "0") or 0),
+        "master_yes_tx": int(s.get("rpl_semi_sync_master_yes_tx", "0") or 0),
+    }
+
+
+def errant_against(standby_binlog: str, master_has: str, standby_server_id: int) -> list[str]:
+    """GTIDs the standby wrote itself beyond what the master is known to have.
+
+    Only domains whose last transaction the standby wrote (server id) count: a
+    domain the master wrote arrives by replication and is never errant.
+    """
+    have = replication.parse_gtids(master_has)
+    out = []
+    for dom, (srv, seq) in sorted(replication.parse_gtids(standby_binlog).items()):
+        if srv != standby_server_id:
+            continue
+        known = have.get(dom, (0, 0))[1]
+        if seq > known:
+            out.append(f"{dom}-{srv}-{known + 1}..{seq}" if seq > known + 1
+                       else f"{dom}-{srv}-{seq}")
+    return out
+
+
+# -- the map ----------------------------------------------------------------
+
+def pair_ranges(m: ShardMap, nodes: list[str]) -> list[ShardRange]:
+    """Ranges whose master (and standby, if any) are both nodes of the pair."""
+    ns = set(nodes)
+    return [r for r in m.ranges if r.master in ns and (r.standby is None or r.standby in ns)]
+
+
+def _write_map(store: ZooKeeperMapStore, edit: Callable[[ShardMap], ShardMap]) -> ShardMap:
+    """Read, edit, compare-and-set; one retry on a concurrent writer (another pair's op)."""
+    for attempt in (0, 1):
+        cur = store.read()
+        if cur.map is None:
+            raise PromotionFailed("the map disappeared from ZooKeeper")
+        new = edit(cur.map)
+        if new == cur.map:
+            return new
+        try:
+            store.write(new, cur.version)
+            return new
+        except MapConflictError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _freeze(m: ShardMap, bounds: set[tuple[int, int]], pair: str) -> ShardMap:
+    out = []
+    for r in m.ranges:
+        if r.bounds in bounds and r.state != "frozen":
+            extra = dict(r.extra, frozen_from=r.state, frozen_by=f"promote-{pair}")
+            r = replace(r, state="frozen", extra=extra)
+        out.append(r)
+    return ShardMap.from_ranges(out, m.mod_shard_count)
+
+
+def _thaw(r: ShardRange) -> ShardRange:
+    extra = dict(r.extra)
+    state = str(extra.pop("frozen_from", r.state))
+    extra.pop("frozen_by", None)
+    return replace(r, state=state if r.state == "frozen" else r.state, extra=extra)
+
+
+def _unfreeze(m: ShardMap, bounds: set[tuple[int, int]]) -> ShardMap:
+    return ShardMap.from_ranges([_thaw(r) if r.bounds in bounds else r for r in m.ranges],
+                                m.mod_shard_count)
+
+
+def _flip(m: ShardMap, bounds: set[tuple[int, int]], new_master: str, old_master: str,
+          rebuild: bool) -> ShardMap:
+    out = []
+    for r in m.ranges:
+        if r.bounds in bounds:
+            r = _thaw(r)
+            extra = dict(r.extra)
+            if rebuild:
+                extra["rebuild"] = old_master
+            else:
+                extra.pop("rebuild", None)
+            r = replace(r, master=new_master, standby=old_master, extra=extra)
+        out.append(r)
+    return ShardMap.from_ranges(out, m.mod_shard_count)
+
+
+# -- the operation ------------------------------------------------------------
+
+class _Run:
+    """One promotion in progress: the journal, the result, timings."""
+
+    def __init__(self, store: ZooKeeperMapStore, pair: str, res: Result, check: bool) -> None:
+        self.store, self.pair, self.res, self.check = store, pair, res, check
+        self.journal = Journal(store, f"promote-{pair}")
+        self.t0 = time.monotonic()
+        self.start: dict[str, Any] = {}
+
+    def begin(self) -> None:
+        """Record the operation in the journal: the first change is about to happen."""
+        if not self.check:
+            self.journal.save(self.start)
+
+    def step(self, name: str, **fields: Any) -> None:
+        self.res.steps.append(name)
+        self.res.timings[name] = round(time.monotonic() - self.t0, 3)
+        if not self.check:
+            self.journal.step(name, **fields)
+        log.info("promote %s: %s", self.pair, name)
+
+
+@contextmanager
+def _lock(store: ZooKeeperMapStore, pair: str, opts: Options, check: bool) -> Iterator[None]:
+    if check:  # check mode takes no lock but says when one is held
+        path = f"{store.root}/{store.cluster}/ops/locks/{pair}"
+        held = store.client.exists(path) and store.client.get_children(path)
+        if held:
+            raise PromotionRefused(f"another operation holds {path}; wait for it, "
+                                   "or check the journal")
+        yield
+        return
+    try:
+        with pair_lock(store, pair, timeout=opts.lock_timeout, identifier="promote"):
+            yield
+    except LockBusy as exc:
+        raise PromotionRefused(str(exc)) from None
+
+
+def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str = "planned",
+            master: str | None = None, opts: Options | None = None,
+            check: bool = False) -> Result:
+    """Promote the standby of *pair* (its two servers *nodes*, ``host:port``).
+
+    *master*: the server that should be the master afterwards (default: the
+    map's standby; a finished promotion to it is no change). Raises
+    :class:`PromotionRefused` (nothing changed) or :class:`PromotionFailed`.
+    """
+    opts = opts or Options()
+    if mode not in MODES:
+        raise PromotionRefused(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if not pair or "/" in pair:
+        raise PromotionRefused(f"pair name {pair!r} must be non-empty without '/'")
+    nodes = [n for n in dict.fromkeys(nodes) if n]
+    if len(nodes) != 2:
+        raise PromotionRefused(f"pair {pair} must have exactly two servers, got {nodes}")
+    res = Result(mode=mode, pair=pair)
+    cur = store.read()
+    if cur.map is None:
+        raise PromotionRefused("there is no shard map in ZooKeeper")
+    res.map_before = cur.map.table()
+    with _lock(store, pair, opts, check):
+        run = _Run(store, pair, res, check)
+        journal = run.journal.load()
+        if journal and not journal.get("done"):
+            # an interrupted promotion: finish it, whatever this call asked for
+            mode, master = journal["mode"], journal["new_master"]
+            res.mode, res.resumed = mode, True
+            res.warnings.append(f"resuming the unfinished {mode} promotion to {master} "
+                                f"(journal step {journal.get('step')})")
+        ranges = pair_ranges(cur.map, nodes)
+        if not ranges:
+            raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
+        masters = {r.master for r in ranges}
+        if len(masters) != 1:
+            raise PromotionRefused(f"pair {pair}'s ranges have different masters {masters}; "
+                                   "fix the map first")
+        old = masters.pop()
+        new = master or next(n for n in nodes if n != old)
+        if new not in nodes:
+            raise PromotionRefused(f"{new} is not a server of pair {pair} ({', '.join(nodes)})")
+        res.ranges = [list(r.bounds) for r in ranges]
+        bounds = {r.bounds for r in ranges}
+        if new == old and not res.resumed:
+            return _already(res, ranges, store, cur.map, journal, opts)
+        if res.resumed and new == old:
+            # the map was flipped before the run stopped: only the unfreeze is left
+            old = journal["old_master"] if journal else next(n for n in nodes if n != new)
+        res.old_master, res.new_master = old, new
+        rebuilding = [r for r in ranges if r.extra.get("rebuild") == new]
+        if rebuilding and not res.resumed and master is None and journal \
+                and journal.get("new_master") == old:
+            # a rerun after an emergency promotion: it is done; the old master awaits rebuild
+            return _already(res, ranges, store, cur.map, journal, opts)
+        if rebuilding and not res.resumed:
+            raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
+                                   "standby to promote (playbooks/rebuild-standby.yml first)")
+        # the journal starts when the first change does (a refusal leaves none)
+        run.start = {"mode": mode, "pair": pair, "old_master": old, "new_master": new,
+                     "ranges": res.ranges, "done": False, "step": "start",
+                     "steps": (journal or {}).get("steps", []) if res.resumed else [],
+                     "started_at": time.time()}
+        if mode == "planned":
+            _planned(run, old, new, bounds, opts)
+        else:
+            _emergency(run, old, new, bounds, opts)
+        after = store.read().map if not check else None
+        res.map_after = after.table() if after else ""
+        res.changes = shardmap.diff(cur.map, after) if after else [
+            f"~ {r.describe()} -> master={new} standby={old}" for r in ranges]
+        res.changed = True
+        if not check:
+            run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time(),
+                                  timings=res.timings, warnings=res.warnings,
+                                  errant=res.errant))
+    res.next_step = _next_step(res)
+    return res
+
+
+def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m: ShardMap,
+             journal: dict[str, Any] | None, opts: Options) -> Result:
+    """The requested master is the master already: no change (and say so)."""
+    res.old_master = res.new_master = ranges[0].master
+    res.map_after = m.table()
+    res.steps.append("nothing to do: it is the master")
+    conn, why = try_connect(res.new_master, opts)
+    if conn is None:
+        res.warnings.append(f"the master {res.new_master} does not answer: {why}")
+    else:
+        try:
+            if _read_only(conn):
+                res.warnings.append(f"the master {res.new_master} is read_only: "
+                                    "writes to its ranges fail (run site.yml or investigate)")
+        finally:
+            _close(conn)
+    frozen = [r for r in ranges if r.state == "frozen"]
+    if frozen:
+        res.warnings.append("ranges are frozen: " + ", ".join(r.describe() for r in frozen))
+    if any(r.extra.get("rebuild") for r in ranges):
+        res.next_step = ("rebuild the old master and re-attach it: ansible-playbook "
+                         f"playbooks/rebuild-standby.yml -e pair={res.pair}")
+    return res
+
+
+def _next_step(res: Result) -> str:
+    if res.mode == "emergency":
+        return (f"{res.old_master} must not serve again as it is: start it (it boots "
+                f"read_only), then rebuild it as the standby: ansible-playbook "
+                f"playbooks/rebuild-standby.yml -e pair={res.pair}")
+    return (f"nothing required: {res.old_master} is the standby and replicates from "
+            f"{res.new_master}; verify with ansible-playbook playbooks/fleet-status.yml")
+
+
+def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: Options) -> None:
+    res, store = run.res, run.store
+    mconn, why = try_connect(old, opts)
+    if mconn is None:
+        raise PromotionRefused(f"the master {old} does not answer ({why}): a planned promotion "
+                               "needs it; if it is dead use mode=emergency")
+    sconn, why = try_connect(new, opts)
+    if sconn is None:
+        _close(mconn)
+        raise PromotionRefused(f"the standby {new} does not answer ({why}): nothing to promote")
+    try:
+        ch = _channel(sconn)
+        if ch is None or ch.get("Slave_SQL_Running") != "Yes":
+            raise PromotionRefused(f"the standby {new} is not applying replication from {old} "
+                                   f"(SQL thread {ch and ch.get('Slave_SQL_Running')}: "
+                                   f"{ch and ch.get('Last_Error')}); refusing a planned promotion")
+        res.semisync = {"master": semisync_state(mconn), "standby": semisync_state(sconn)}
+        if not res.semisync["master"]["master_enabled"]:
+            res.warnings.append(f"semi-sync is off on {old}: replication is asynchronous")
+        # errant: what the standby wrote itself that the master lacks (after a short catch-up)
+        sid = _server_id(sconn)
+        sbin = replication.gtid_position(sconn)
+        try:
+            replication.wait_for_gtid(mconn, sbin, 1.0)
+        except replication.ReplicationTimeout:
+            pass
+        res.errant = errant_against(sbin, replication.gtid_applied(mconn), sid)
+        if res.errant:
+            res.warnings.append(f"errant transactions on {new} that {old} never applied: "
+                                f"{', '.join(res.errant)} (they will replicate to {old})")
+        # catch up before freezing, so the frozen time is the last few transactions only
+        try:
+            replication.wait_for_gtid(sconn, replication.gtid_position(mconn),
+                                      opts.catchup_timeout)
+        except replication.ReplicationTimeout as exc:
+            raise PromotionRefused(f"the standby {new} is too far behind: {exc}") from None
+        run.step("caught_up")
+        if run.check:
+            res.steps += ["freeze (would)", f"{old} read_only=ON (would)",
+                          f"wait for {new} to apply {old}'s position (would)",
+                          f"{new} read_only=OFF (would)", "write the swapped map (would)"]
+            return
+        run.begin()
+        t_freeze = time.monotonic()
+        _write_map(store, lambda m: _freeze(m, bounds, run.pair))
+        run.step("frozen")
+        replication.set_read_only(mconn, True)
+        left = replication.wait_no_write_transactions(mconn, opts.trx_timeout)
+        run.step("old_read_only", open_write_transactions=left)
+        pos = replication.gtid_position(mconn)
+        res.gtid["master_final"] = pos
+        try:
+            replication.wait_for_gtid(sconn, pos, opts.drain_timeout)
+        except replication.ReplicationTimeout as exc:
+            replication.set_read_only(mconn, False)
+            _write_map(store, lambda m: _unfreeze(m, bounds))
+            run.step("rolled_back", error=str(exc))
+            run.journal.save(dict(run.journal.data or {}, done=True, failed=str(exc)))
+            raise PromotionFailed(f"rolled back (master {old} writable again, ranges unfrozen): "
+                                  f"{exc}") from None
+        run.step("drained", position=pos)
+        replication.set_read_only(sconn, False)
+        run.step("new_writable")
+        _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=False))
+        res.timings["frozen_seconds"] = round(time.monotonic() - t_freeze, 3)
+        run.step("flipped")
+        ch = _channel(mconn)
+        if ch is None or ch.get("Slave_IO_Running") != "Yes" \
+                or ch.get("Slave_SQL_Running") != "Yes":
+            res.warnings.append(f"{old} is not replicating from {new} "
+                                f"(IO {ch and ch.get('Slave_IO_Running')}, SQL "
+                                f"{ch and ch.get('Slave_SQL_Running')}): check it")
+    finally:
+        _close(mconn)
+        _close(sconn)
+
+
+def _applied_all_received(ch: dict[str, Any]) -> bool:
+    return (ch.get("Master_Log_File") == ch.get("Relay_Master_Log_File")
+            and int(ch.get("Read_Master_Log_Pos") or 0) == int(ch.get("Exec_Master_Log_Pos") or 0))
+
+
+def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
+               opts: Options) -> None:
+    res, store = run.res, run.store
+    mconn, why = try_connect(old, opts)
+    if mconn is not None and not opts.force and not res.resumed:
+        _close(mconn)
+        raise PromotionRefused(f"the master {old} answers: use mode=planned (zero loss), or "
+                               "force=true if it must be replaced anyway")
+    sconn, swhy = try_connect(new, opts)
+    if sconn is None:
+        _close(mconn)
+        raise PromotionRefused(f"the standby {new} does not answer ({swhy}): nothing to promote")
+    try:
+        res.semisync = {"standby": semisync_state(sconn)}
+        if mconn is not None:
+            res.semisync["master"] = semisync_state(mconn)
+        ch = _channel(sconn)
+        if run.check:
+            res.steps += ["freeze (would)", f"fence {old} (would, if it answers)",
+                          f"{new}: stop the I/O thread, apply the relay log (would)",
+                          f"{new}: stop replication from {old} (would)",
+                          f"{new} read_only=OFF (would)",
+                          f"write the swapped map with rebuild={old} (would)"]
+            _semisync_warnings(res, mconn, why)
+            return
+        run.begin()
+        _write_map(store, lambda m: _freeze(m, bounds, run.pair))
+        run.step("frozen")
+        if mconn is not None:  # forced: fence it now, and keep it from writing
+            try:
+                replication.set_read_only(mconn, True)
+                run.step("old_fenced")
+            except pymysql.err.MySQLError as exc:
+                res.warnings.append(f"could not set {old} read_only: {exc}")
+        else:
+            res.warnings.append(f"{old} did not answer ({why}); it boots read_only=ON, "
+                                "so it takes no writes when it comes back")
+        if ch is not None:
+            with sconn.cursor() as c:
+                c.execute(_channel_sql("STOP", ch, "IO_THREAD"))
+            deadline = time.monotonic() + opts.drain_timeout
+            while True:
+                ch = _channel(sconn) or {}
+                if _applied_all_received(ch) or ch.get("Slave_SQL_Running") != "Yes":
+                    break
+                if time.monotonic() > deadline:
+                    raise PromotionFailed(
+                        f"{new} did not apply its relay log within {opts.drain_timeout}s "
+                        f"(ranges left frozen; rerun to continue): read "
+                        f"{ch.get('Read_Master_Log_Pos')} exec {ch.get('Exec_Master_Log_Pos')}")
+                time.sleep(0.02)
+            if ch.get("Slave_SQL_Running") != "Yes" and not _applied_all_received(ch):
+                raise PromotionFailed(
+                    f"{new}'s SQL thread stopped before applying its relay log "
+                    f"({ch.get('Last_Error')}); ranges left frozen: fix it, rerun")
+            received = str(ch.get("Gtid_IO_Pos") or "")
+            res.gtid["received"] = received
+            with sconn.cursor() as c:
+                c.execute(_channel_sql("STOP", ch))
+            run.step("drained", received=received)
+        else:
+            res.warnings.append(f"{new} has no replication channel from {old}")
+            received = ""
+        sbin = replication.gtid_position(sconn)
+        res.gtid["standby_binlog"] = sbin
+        master_has = replication.gtid_applied(mconn) if mconn is not None else received
+        res.errant = errant_against(sbin, master_has, _server_id(sconn))
+        if res.errant:
+            res.warnings.append(
+                f"ERRANT transactions on {new} that {old} never had: {', '.join(res.errant)}; "
+                "they were written on the standby directly; review them")
+        run.step("errant_checked", errant=res.errant)
+        _semisync_warnings(res, mconn, why)
+        replication.set_read_only(sconn, False)
+        run.step("new_writable")
+        _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=True))
+        run.step("flipped")
+    finally:
+        _close(mconn)
+        _close(sconn)
+
+
+def _semisync_warnings(res: Result, mconn: Any, why: str) -> None:
+    st = res.semisync.get("standby", {})
+    if not st.get("replica_enabled"):
+        res.warnings.append("SEMI-SYNC IS OFF on the standby: replication was asynchronous; "
+                            "writes acknowledged by the old master may be LOST")
+    m = res.semisync.get("master")
+    if m is not None:
+        if not m.get("master_enabled") or str(m.get("master_status")).upper() != "ON":
+            res.warnings.append("SEMI-SYNC HAD FALLEN BACK TO ASYNCHRONOUS on the old master "
+                                f"(status {m.get('master_status')!r}): acknowledged writes "
+                                "may be lost")
+    elif st.get("replica_enabled"):
+        res.warnings.append("the old master is unreachable, so whether semi-sync had fallen "
+                            "back to asynchronous cannot be read; the standby had semi-sync "
+                            f"on (status now {st.get('replica_status') or 'unknown'})")
+
+
+# -- re-attaching a rebuilt old master -----------------------------------------
+
+SHARD_DB_RE = "^db[0-9]{5}$"
+
+
+def _client_defaults(tmpdir: str, opts: Options) -> str:
+    """A client option file with the password (never on a command line)."""
+    import os
+
+    path = os.path.join(tmpdir, "client.cnf")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"[client]\nuser={opts.user}\npassword={opts.password}\n")
+    return path
+
+
+def copy_shards(source: str, dest: str, databases: list[str], opts: Options) -> None:
+    """``mariadb-dump`` the shard databases (and the db-level grants in ``mysql.db``) of
+    *source* into *dest* without binary logging; the dump sets *dest*'s
+    ``gtid_slave_pos`` to the snapshot's position (``--gtid --master-data``)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    dump = shutil.which("mariadb-dump") or shutil.which("mysqldump")
+    client = shutil.which("mariadb") or shutil.which("mysql")
+    if not dump or not client:
+        raise PromotionFailed("mariadb-dump and the mariadb client are needed where the "
+                              "rebuild runs (apt-get install mariadb-client)")
+    sh, _, sp = source.rpartition(":")
+    dh, _, dp = dest.rpartition(":")
+    with tempfile.TemporaryDirectory(prefix="sf-rebuild-") as tmp:
+        cnf = _client_defaults(tmp, opts)
+        load = [client, f"--defaults-extra-file={cnf}", "-h", dh, "-P", dp,
+                "--init-command=SET SESSION sql_log_bin=0"]
+        jobs = [[dump, f"--defaults-extra-file={cnf}", "-h", sh, "-P", sp,
+                 "--single-transaction", "--gtid", "--master-data=1", "--routines",
+                 "--triggers", "--databases", *databases],
+                [dump, f"--defaults-extra-file={cnf}", "-h", sh, "-P", sp,
+                 "--single-transaction", "mysql", "db"]]
+        for argv in jobs:
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as d:
+                loader = subprocess.run([*load, "mysql"], stdin=d.stdout,
+                                        capture_output=True, check=False)
+                d.stdout.close()  # type: ignore[union-attr]
+                derr = d.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+                d.wait()
+            if d.returncode or loader.returncode:
+                raise PromotionFailed(f"copying {source} -> {dest} failed: "
+                                      f"{(derr or loader.stderr.decode(errors='replace'))[-500:]}")
+
+
+def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
+                    opts: Options | None = None, check: bool = False) -> Result:
+    """Re-attach the node the map marks ``rebuild`` as the pair's standby.
+
+    The node must answer (start it; it boots read-only) and keep its replication
+    channel to its peer (the ``mysql`` role sets it up). Its shard databases are
+    replaced by a consistent copy of the master's, its binary log history reset to
+    the copy's GTID position (the old master's unacknowledged tail is gone), then
+    it replicates from the master and the master from it again; the mark is
+    cleared. No mark: no change.
+    """
+    opts = opts or Options()
+    nodes = [n for n in dict.fromkeys(nodes) if n]
+    cur = store.read()
+    if cur.map is None:
+        raise PromotionRefused("there is no shard map in ZooKeeper")
+    ranges = pair_ranges(cur.map, nodes)
+    if not ranges:
+        raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
+    res = Result(mode="rebuild", pair=pair, ranges=[list(r.bounds) for r in ranges],
+                 map_before=cur.map.table())
+    marked = {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
+    if not marked:
+        res.steps.append("nothing to do: no server of the pair is marked for rebuild")
+        res.map_after = res.map_before
+        return res
+    if len(marked) > 1:
+        raise PromotionRefused(f"ranges mark different servers for rebuild: {marked}")
+    node = marked.pop()
+    master = ranges[0].master
+    res.old_master, res.new_master = node, master
+    with _lock(store, pair, opts, check):
+        run = _Run(store, pair, res, check)
+        run.journal = Journal(store, f"rebuild-{pair}")
+        run.journal.load()
+        nconn, why = try_connect(node, opts)
+        if nconn is None:
+            raise PromotionRefused(f"{node} does not answer ({why}): start it (it boots "
+                                   "read_only) or rebuild it with the mysql role first")
+        mconn, mwhy = try_connect(master, opts)
+        if mconn is None:
+            _close(nconn)
+            raise PromotionRefused(f"the master {master} does not answer ({mwhy})")
+        try:
+            nch, mch = _channel(nconn), _channel(mconn)
+            if nch is None or mch is None:
+                raise PromotionRefused(
+                    f"{node if nch is None else master} has no replication channel from its "
+                    "peer: apply the mysql role to the pair first")
+            dbs = [str(r["n"]) for r in topology.dict_rows(
+                mconn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA WHERE "
+                       "SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DB_RE,))]
+            if check:
+                res.steps += [f"{node} read_only=ON, replication stopped (would)",
+                              f"copy {len(dbs)} shard databases {master} -> {node} (would)",
+                              f"reset {node}'s binlog history to the copy's GTID (would)",
+                              "replicate both ways, clear the rebuild mark (would)"]
+                res.changed = True
+                return res
+            run.journal.save({"mode": "rebuild", "pair": pair, "node": node, "master": master,
+                              "done": False, "steps": [], "started_at": time.time()})
+            replication.set_read_only(nconn, True)
+            with nconn.cursor() as c:
+                c.execute(_channel_sql("STOP", nch))
+            with mconn.cursor() as c:
+                c.execute(_channel_sql("STOP", mch))
+            with nconn.cursor() as c:
+                c.execute("SET SESSION sql_log_bin=0")
+                for r in topology.dict_rows(
+                        nconn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA "
+                               "WHERE SCHEMA_NAME REGEXP %s", (SHARD_DB_RE,)):
+                    c.execute(f"DROP DATABASE `{r['n']}`")
+            run.step("fenced_and_cleared", databases=len(dbs))
+            copy_shards(master, node, dbs, opts)
+            pos = str(topology.scalar(nconn, "SELECT @@GLOBAL.gtid_slave_pos") or "")
+            with nconn.cursor() as c:
+                c.execute("FLUSH PRIVILEGES")
+                c.execute("RESET MASTER")
+                c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
+                c.execute(_channel_sql("START", nch))
+            res.gtid["copy"] = pos
+            run.step("copied", position=pos)
+            with mconn.cursor() as c:
+                c.execute("SET GLOBAL gtid_slave_pos = %s",
+                          (replication.gtid_position(nconn),))
+                c.execute(_channel_sql("START", mch))
+            replication.wait_for_gtid(nconn, replication.gtid_position(mconn),
+                                      opts.catchup_timeout)
+            run.step("replicating")
+
+            def clear(m: ShardMap) -> ShardMap:
+                out = []
+                for r in m.ranges:
+                    if r.bounds in {x.bounds for x in ranges} and r.extra.get("rebuild"):
+                        extra = {k: v for k, v in r.extra.items() if k != "rebuild"}
+                        r = replace(r, standby=node, extra=extra)
+                    out.append(r)
+                return ShardMap.from_ranges(out, m.mod_shard_count)
+
+            after = _write_map(store, clear)
+            run.step("mark_cleared")
+            for ch_conn, who in ((nconn, node), (mconn, master)):
+                ch = _channel(ch_conn) or {}
+                if ch.get("Slave_IO_Running") != "Yes" or ch.get("Slave_SQL_Running") != "Yes":
+                    res.warnings.append(f"{who}: replication IO {ch.get('Slave_IO_Running')} "
+                                        f"SQL {ch.get('Slave_SQL_Running')} "
+                                        f"{ch.get('Last_Error') or ch.get('Last_IO_Error')}")
+            run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time()))
+            res.map_after = after.table()
+            res.changes = shardmap.diff(cur.map, after)
+            res.changed = True
+            res.next_step = (f"nothing required: {node} is the standby of {master} again; "
+                             "verify with playbooks/fleet-status.yml")
+            return res
+        finally:
+            _close(nconn)
+            _close(mconn)

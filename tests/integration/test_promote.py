@@ -1,0 +1,414 @@
+"""Promotion on a real MariaDB master-master GTID pair (semi-sync on) and ZooKeeper:
+planned and emergency under a live writer (zero acknowledged writes lost), check mode,
+idempotent reruns, refusals with nothing changed, the lock, errant transactions, and
+re-attaching a rebuilt old master.
+
+The pair is shared by the module's tests (starting MariaDB twice per test is too slow
+for CI); every test leaves it whole: one writable master, one read-only standby,
+replication running both ways. Its map is registered afresh in a new cluster per test.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from shardfleet import ops, promote
+from shardfleet.errors import ShardfleetError
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+from shardfleet.promote import Options, PromotionRefused
+from shardfleet.router import Router
+from shardfleet.shardmap import ShardMap
+from shardfleet.store import Store
+from shardfleet.testing import MariaDBServer
+
+from .conftest import APP_PASSWORD, APP_USER, make_shards
+
+SHARDS = list(range(0, 8))
+REPL_USER, REPL_PASSWORD = "sf_repl", "sf-repl-test"
+PAIR = "pair009"
+
+
+# -- a bounded writer through the routing library (also used by the e2e test) --------------
+
+@dataclass
+class Writer:
+    """Creates objects through a Store in a thread; remembers every acknowledged ID, the
+    errors, and the longest gap between two acknowledged writes (the stall)."""
+
+    store: Store
+    max_writes: int = 20000
+    max_seconds: float = 120.0
+    acked: list[int] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="promote-writer", daemon=True)
+
+    def start(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        end = time.monotonic() + self.max_seconds
+        n = 0
+        while not self._stop.is_set() and n < self.max_writes and time.monotonic() < end:
+            n += 1
+            try:
+                oid = self.store.create("pin", {"n": n, "w": "promote"})
+            except ShardfleetError as exc:
+                self.errors.append(f"{time.monotonic():.3f} {exc}")
+                time.sleep(0.05)
+                continue
+            self.acked.append(oid)
+            self.ack_times.append(time.monotonic())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def wait_acks(self, n: int, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        start = len(self.acked)
+        while len(self.acked) < start + n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(self.acked) >= start + n
+
+    def longest_stall(self, since: float = 0.0) -> float:
+        ts = [t for t in self.ack_times if t >= since]
+        return max((b - a for a, b in zip(ts, ts[1:], strict=False)), default=0.0)
+
+    def first_ack_after(self, t: float) -> float | None:
+        return next((x for x in self.ack_times if x > t), None)
+
+
+def missing_ids(server_conn: Any, ids_: list[int]) -> list[int]:
+    """Acknowledged object IDs (pins) not present on a server."""
+    from shardfleet import ids as idmod
+
+    by_shard: dict[int, list[int]] = {}
+    for oid in ids_:
+        d = idmod.decompose(oid)
+        by_shard.setdefault(d.shard, []).append(d.local)
+    missing = []
+    with server_conn.cursor() as c:
+        for shard, locals_ in by_shard.items():
+            found: set[int] = set()
+            for i in range(0, len(locals_), 500):
+                chunk = locals_[i:i + 500]
+                c.execute(f"SELECT local_id FROM db{shard:05d}.pins WHERE local_id IN "
+                          f"({','.join(['%s'] * len(chunk))})", chunk)
+                found |= {int(r[0]) for r in c.fetchall()}
+            missing += [idmod.compose(shard, 1, x) for x in locals_ if x not in found]
+    return missing
+
+
+# -- the pair ----------------------------------------------------------------------------
+
+def _start(base, i: int) -> MariaDBServer:
+    return MariaDBServer(base, server_id=10 + i, extra=[
+        "--innodb-file-per-table=0", "--read-only=ON", "--rpl-semi-sync-master-enabled=ON",
+        "--rpl-semi-sync-slave-enabled=ON", "--rpl-semi-sync-master-timeout=1000",
+        "--auto-increment-increment=2", f"--auto-increment-offset={i}",
+        "--slave-net-timeout=5"]).start()
+
+
+def attach(replica: MariaDBServer, source: MariaDBServer, pos: str | None = None) -> None:
+    """Point *replica* at *source* starting from *source*'s binlog position (or *pos*)."""
+    pos = source.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] if pos is None else pos
+    replica.sql("STOP SLAVE")
+    replica.sql("SET GLOBAL gtid_slave_pos = %s", (pos,))
+    replica.sql("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, "
+                "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+                (source.port, REPL_USER, REPL_PASSWORD))
+    replica.sql("START SLAVE")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    base = tmp_path_factory.mktemp("promote")
+    a, b = _start(base, 1), _start(base, 2)
+    for s in (a, b):
+        for stmt, args in (
+                (f"CREATE USER '{REPL_USER}'@'%%' IDENTIFIED BY %s", (REPL_PASSWORD,)),
+                (f"GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'%%'", ()),
+                (f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))):
+            conn = s.connect()
+            with conn.cursor() as c:
+                c.execute("SET sql_log_bin=0")
+                c.execute(stmt, args)
+            conn.close()
+    attach(a, b)
+    attach(b, a)
+    make_shards(a, SHARDS)
+    a.sql("SET GLOBAL read_only=OFF")
+    wait_applied(b, a)
+    yield [a, b]
+    for s in (a, b):
+        s.stop(remove=True)
+
+
+def wait_applied(replica: MariaDBServer, source: MariaDBServer, timeout: float = 30) -> None:
+    pos = source.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    r = replica.sql("SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))[0][0]
+    assert r == 0, f"{replica.address} did not apply {pos} of {source.address}"
+
+
+def roles(pair) -> tuple[MariaDBServer, MariaDBServer]:
+    """(master, standby) by read_only."""
+    a, b = pair
+    return (a, b) if a.sql("SELECT @@GLOBAL.read_only")[0][0] == 0 else (b, a)
+
+
+@pytest.fixture
+def zk_store(zookeeper, pair):
+    """A fresh cluster with the pair's map (master = the writable node)."""
+    master, standby = roles(pair)
+    store = ZooKeeperMapStore(zookeeper.address, "p" + uuid.uuid4().hex[:10])
+    store.write(ShardMap.from_ranges([
+        {"range": [0, 3], "master": master.address, "standby": standby.address,
+         "state": "open"},
+        {"range": [4, 7], "master": master.address, "standby": standby.address,
+         "state": "closed"},
+    ], mod_shard_count=8), NO_NODE)
+    yield store
+    store.close()
+
+
+def opts(**kw: Any) -> Options:
+    return Options(**{"user": "root", "password": MariaDBServer.root_password,
+                      "connect_timeout": 2, **kw})
+
+
+@pytest.fixture
+def writer_store(zookeeper, zk_store, tmp_path):
+    r = Router(ZooKeeperMapStore(zookeeper.address, zk_store.cluster),
+               cache_file=tmp_path / "map.json", user=APP_USER, password=APP_PASSWORD,
+               frozen_wait=10.0, connect_timeout=2, read_timeout=10)
+    s = Store(r)
+    yield s
+    s.close()
+    r.close()
+
+
+def nodes(pair) -> list[str]:
+    return [s.address for s in pair]
+
+
+def channel(server: MariaDBServer) -> dict[str, Any]:
+    conn = server.connect()
+    try:
+        rows = promote.replica_status(conn)
+    finally:
+        conn.close()
+    return rows[0] if rows else {}
+
+
+# -- planned ---------------------------------------------------------------------------
+
+def test_planned_check_mode_changes_nothing(pair, zk_store):
+    master, standby = roles(pair)
+    before = zk_store.read()
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts(), check=True)
+    assert res.changed and res.new_master == standby.address
+    assert any("would" in s for s in res.steps), res.steps
+    after = zk_store.read()
+    assert after.version == before.version and after.map == before.map, "check mode wrote"
+    assert roles(pair) == (master, standby), "check mode changed read_only"
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None, "check mode journalled"
+
+
+def test_planned_under_load_zero_loss_then_idempotent(pair, zk_store, writer_store):
+    master, standby = roles(pair)
+    w = Writer(writer_store, max_seconds=60).start()
+    try:
+        assert w.wait_acks(200), f"writer made no progress: {w.errors[-3:]}"
+        t0 = time.monotonic()
+        res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+        assert w.wait_acks(200), f"writer did not resume: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    assert res.changed and res.old_master == master.address
+    assert res.steps[-1] == "flipped", res.steps
+    m = zk_store.read().map
+    assert all(r.master == standby.address and r.standby == master.address for r in m.ranges)
+    assert [r.state for r in m.ranges] == ["open", "closed"], "states not restored"
+    assert not any("frozen_from" in r.extra for r in m.ranges)
+    assert roles(pair) == (standby, master), "read_only not swapped"
+    wait_applied(master, standby)
+    ch = channel(master)
+    assert ch["Slave_IO_Running"] == "Yes" and ch["Slave_SQL_Running"] == "Yes", ch
+    for s in (standby, master):  # every acknowledged write is on both nodes
+        conn = s.connect()
+        try:
+            assert missing_ids(conn, w.acked) == [], f"acknowledged writes lost on {s.address}"
+        finally:
+            conn.close()
+    stall = w.longest_stall(since=t0)
+    print(f"\nplanned: {len(w.acked)} acked, longest stall {stall:.3f}s, "
+          f"frozen {res.timings.get('frozen_seconds')}s, errors {len(w.errors)}")
+    assert stall < 3.0, f"writer stalled {stall:.2f}s"
+    # a rerun toward the same master changes nothing
+    again = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                            master=standby.address, opts=opts())
+    assert not again.changed and zk_store.read().version == zk_store.read().version
+    assert again.warnings == [], again.warnings
+
+
+def test_planned_refused_when_master_dead(pair, zk_store):
+    master, standby = roles(pair)
+    before = zk_store.read()
+    dead = [master.address.replace(str(master.port), "1"), standby.address]
+    m = before.map
+    zk_store.write(ShardMap.from_ranges([replace(r, master=dead[0]) for r in m.ranges],
+                                        m.mod_shard_count), before.version)
+    v = zk_store.read()
+    with pytest.raises(PromotionRefused, match="does not answer.*emergency"):
+        promote.promote(zk_store, PAIR, dead, mode="planned", opts=opts())
+    assert zk_store.read().version == v.version and roles(pair) == (master, standby)
+
+
+def test_refusals_leave_everything_unchanged(pair, zk_store, zookeeper):
+    master, standby = roles(pair)
+    v = zk_store.read().version
+    with pytest.raises(PromotionRefused, match="answers: use mode=planned"):
+        promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    with pytest.raises(PromotionRefused, match="no range in the map"):
+        promote.promote(zk_store, "pair404", ["127.0.0.1:1", "127.0.0.1:2"], opts=opts())
+    with pytest.raises(PromotionRefused, match="not a server of pair"):
+        promote.promote(zk_store, PAIR, nodes(pair), master="127.0.0.1:9", opts=opts())
+    # a second promotion while one holds the pair's lock
+    with ops.pair_lock(zk_store, PAIR):
+        other = ZooKeeperMapStore(zookeeper.address, zk_store.cluster)
+        try:
+            with pytest.raises(PromotionRefused, match="another operation holds"):
+                promote.promote(other, PAIR, nodes(pair), opts=opts(lock_timeout=0.5))
+            with pytest.raises(PromotionRefused, match="another operation holds"):
+                promote.promote(other, PAIR, nodes(pair), opts=opts(), check=True)
+        finally:
+            other.close()
+    assert zk_store.read().version == v and roles(pair) == (master, standby)
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None
+
+
+def test_planned_reports_errant_transaction(pair, zk_store):
+    master, standby = roles(pair)
+    # break standby -> master replication, write on the standby directly: errant
+    master.sql("STOP SLAVE")
+    conn = standby.connect()
+    with conn.cursor() as c:
+        c.execute("INSERT INTO db00000.pins (body) VALUES ('{\"errant\": 1}')")
+    conn.close()
+    try:
+        res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+    finally:
+        master.sql("START SLAVE")
+    assert res.errant, res.to_dict()
+    assert any("errant" in w for w in res.warnings)
+    wait_applied(master, standby)
+
+
+# -- emergency -------------------------------------------------------------------------
+
+def test_emergency_check_mode_and_force(pair, zk_store):
+    master, standby = roles(pair)
+    v = zk_store.read().version
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency",
+                          opts=opts(force=True), check=True)
+    assert res.changed and any("would" in s for s in res.steps)
+    assert zk_store.read().version == v and roles(pair) == (master, standby)
+
+
+def test_emergency_kill_master_under_load(pair, zk_store, writer_store):
+    master, standby = roles(pair)
+    w = Writer(writer_store, max_seconds=90).start()
+    try:
+        assert w.wait_acks(300), f"writer made no progress: {w.errors[-3:]}"
+        master.kill()  # SIGKILL mid-load
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+        t_done = time.monotonic()
+        assert w.wait_acks(100), f"writer did not resume on {standby.address}: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    first = w.first_ack_after(t0)
+    assert first is not None
+    print(f"\nemergency: promote {t_done - t0:.3f}s, first ack after {first - t0:.3f}s, "
+          f"{len(w.acked)} acked, warnings {res.warnings}")
+    assert res.changed and res.new_master == standby.address
+    assert res.errant == [], res.errant
+    m = zk_store.read().map
+    assert all(r.master == standby.address and r.extra.get("rebuild") == master.address
+               for r in m.ranges), m.dumps()
+    conn = standby.connect()
+    try:
+        assert missing_ids(conn, w.acked) == [], "acknowledged writes lost"
+    finally:
+        conn.close()
+    assert channel(standby)["Slave_IO_Running"] == "No", "still replicating from the dead master"
+    # rerun: nothing to do; a planned promotion back to the dead node is refused
+    again = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    assert not again.changed and "rebuild" in again.next_step
+    with pytest.raises(PromotionRefused, match="marked for rebuild"):
+        promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", master=master.address,
+                        opts=opts())
+    # the old master comes back read-only and takes no writes
+    master.start()
+    assert master.sql("SELECT @@GLOBAL.read_only")[0][0] == 1
+    app = master.connect(user=APP_USER, password=APP_PASSWORD)
+    with pytest.raises(Exception, match="read-only|1290"), app.cursor() as c:
+        c.execute("INSERT INTO db00000.pins (body) VALUES ('{}')")
+    app.close()
+    # re-attach it as the standby (what playbooks/rebuild-standby.yml does)
+    rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts())
+    assert rr.changed, rr.to_dict()
+    m = zk_store.read().map
+    assert all("rebuild" not in r.extra and r.standby == master.address for r in m.ranges)
+    conn = master.connect()
+    try:
+        wait_applied(master, standby)
+        assert missing_ids(conn, w.acked) == [], "rebuilt standby lacks acknowledged writes"
+    finally:
+        conn.close()
+    assert promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts()).changed is False
+
+
+def test_pair_is_whole_again_after_rebuild(pair, zk_store, writer_store):
+    """After the emergency and the rebuild, a planned promotion back works under load."""
+    master, standby = roles(pair)
+    w = Writer(writer_store, max_seconds=30).start()
+    try:
+        assert w.wait_acks(100)
+        res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+        assert w.wait_acks(100)
+    finally:
+        w.stop()
+    assert res.changed and roles(pair) == (standby, master)
+    wait_applied(master, standby)
+    for s in pair:
+        conn = s.connect()
+        try:
+            assert missing_ids(conn, w.acked) == [], s.address
+        finally:
+            conn.close()
+
+
+def test_emergency_refused_when_standby_dead(pair, zk_store):
+    master, standby = roles(pair)
+    bogus = [master.address, "127.0.0.1:1"]
+    cur = zk_store.read()
+    zk_store.write(ShardMap.from_ranges([replace(r, standby=bogus[1]) for r in cur.map.ranges],
+                                        cur.map.mod_shard_count), cur.version)
+    v = zk_store.read().version
+    with pytest.raises(PromotionRefused, match="standby .* does not answer"):
+        promote.promote(zk_store, PAIR, bogus, mode="emergency",
+                        opts=opts(force=True, connect_timeout=1))
+    assert zk_store.read().version == v
