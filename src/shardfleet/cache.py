@@ -30,7 +30,7 @@ old row back in):
   invalidation unless it arrives more than ``tombstone_ttl`` seconds late.
 * mapping lists: every change bumps a per-list **generation** counter in Redis in
   the same Lua script that edits the set; a reader notes the generation in the
-  same ``MULTI`` that found the miss, and its fill (a Lua script) writes only if
+  same atomic read (a Lua script) that found the miss, and its fill (a Lua script) writes only if
   the generation is unchanged. No timing window.
 """
 
