@@ -1,0 +1,894 @@
+"""Split a hot pair's range onto a new pair, live: check, clone, replicate, cutover, cleanup.
+
+The operation the design exists for ("replicate MySQL001A to a new pair, then
+flip the config so each carries half the shards"), one idempotent step at a
+time, with its progress in a journal beside the map
+(``/shardfleet/<cluster>/ops/journal/split-<first>-<last>``) so that a rerun
+after any failure continues where it stopped::
+
+    check      the source master owns the moving range; the target is new and
+               empty (or holds this split's own earlier attempt); GTID binlogs on
+    clone      the moving shard databases copied from one consistent snapshot of
+               the source (START TRANSACTION WITH CONSISTENT SNAPSHOT; no lock,
+               no blocked writes) onto the target's master, with the GTID
+               position the snapshot corresponds to; the target's standby gets
+               it through its own pair's replication
+    replicate  the target's master replicates from the source's master over a
+               named multi-source connection (``split_<first>_<last>``) that
+               applies only the moving databases, from the clone's GTID, until
+               caught up (compared by GTID, never Seconds_Behind_Master)
+    cutover    freeze the moving range in the map (routers hold writes); fence
+               the moving shards on the source (the application user loses
+               INSERT, UPDATE, DELETE on them: a router with a stale map gets
+               error 1142, refreshes and waits); let writes that passed the
+               fence's check finish; read the source's GTID position *after*
+               that; wait until the target applied it; flip the map (range ->
+               target, its previous state); remove the split's replication.
+               A timeout undoes the fence and the freeze and leaves the map as
+               it was.
+    cleanup    (explicit) drop the moved databases from the source pair and
+               anything outside its ranges from the target pair
+    abort      (before cutover) remove the split's replication, freeze and
+               fence, and the target's copies; map and source as they were
+
+The write stall is the time between the freeze and the flip: the fence is one
+UPDATE of ``mysql.db`` plus ``FLUSH PRIVILEGES`` (constant time; REVOKE costs
+about 0.6 ms per database, 0.6 s for 1,024 shards), the target is granted and
+made writable *before* the freeze, and the wait is for a caught-up replica.
+
+MariaDB only for now (tested 10.11): the snapshot's GTID comes from
+``binlog_snapshot_file/position`` and the replication is multi-source by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shardfleet import provision, replication, topology
+from shardfleet.errors import DatabaseError, MapConflictError, MapError, ShardfleetError
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+from shardfleet.ops import Journal, pair_lock
+from shardfleet.schema import Schema, default_schema, shard_database
+from shardfleet.shardmap import ShardMap, ShardRange, diff
+
+log = logging.getLogger(__name__)
+
+STEPS = ("check", "clone", "replicate", "cutover", "cleanup")
+# Journal ``step`` values in the order a split reaches them ("aborted" restarts).
+PROGRESS = {"started": 0, "clone": 1, "replicate": 2, "cutover": 3, "cleanup": 4}
+WRITE_PRIVILEGES = ("Insert_priv", "Update_priv", "Delete_priv")
+
+
+class SplitError(ShardfleetError):
+    """Raised when a split step is refused or fails; the message says what changed (if anything)."""
+
+
+class CutoverAborted(SplitError):
+    """Raised when the cutover timed out and was undone (fence and freeze lifted, map as before)."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The MySQL accounts a split uses (the ``mysql`` role's users)."""
+
+    admin_user: str
+    admin_password: str
+    repl_user: str
+    repl_password: str
+    app_user: str = "shardfleet_app"
+    app_host: str = "%"
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """What to move where. ``moving`` defaults to the upper half of the source's range."""
+
+    source: str
+    target: str
+    target_standby: str | None = None
+    moving: tuple[int, int] | None = None
+    name: str | None = None
+
+
+@dataclass
+class StepResult:
+    step: str
+    changed: bool
+    msg: str
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "changed": self.changed, "msg": self.msg,
+                "seconds": round(self.seconds, 3), **self.details}
+
+
+def upper_half(r: ShardRange) -> tuple[int, int]:
+    """The default moving range: the upper half of *r* (0..2047 -> 1024..2047)."""
+    if r.size < 2:
+        raise SplitError(f"range [{r.first}, {r.last}] has one shard; nothing to split")
+    return (r.first + r.size // 2, r.last)
+
+
+def pieces(original: ShardRange, moving: tuple[int, int], name: str) -> list[ShardRange]:
+    """*original* cut around *moving*: the remainders keep everything, the moving piece is
+    frozen with ``frozen_from`` (its previous state) and ``split`` (the operation)."""
+    first, last = moving
+    out = []
+    if original.first < first:
+        out.append(replace(original, last=first - 1))
+    extra = dict(original.extra, frozen_from=original.state, split=name)
+    out.append(replace(original, first=first, last=last, state="frozen", extra=extra))
+    if last < original.last:
+        out.append(replace(original, first=last + 1))
+    return out
+
+
+class Split:
+    """One split, driven step by step (every step idempotent; see the module docstring).
+
+    Keyword arguments (documented defaults):
+
+    * ``schema`` — the shard schema (the library's ``schema.yml``).
+    * ``catchup_timeout`` (600 s) — how long ``replicate`` waits for the target to catch up.
+    * ``cutover_timeout`` (5 s) — how long the cutover waits for the target to apply the
+      source's position after the fence; on timeout the cutover is undone.
+    * ``drain_timeout`` (2 s) — how long the cutover waits for writes that passed the
+      fence's privilege check to finish; on timeout the cutover is undone.
+    * ``lock_timeout`` (5 s) — waiting for the pairs' operation locks (LockBusy after).
+    """
+
+    def __init__(self, store: ZooKeeperMapStore, spec: SplitSpec, creds: Credentials, *,
+                 schema: Schema | None = None, catchup_timeout: float = 600.0,
+                 cutover_timeout: float = 5.0, drain_timeout: float = 2.0,
+                 lock_timeout: float = 5.0, connect_timeout: float = 10.0) -> None:
+        if spec.source == spec.target:
+            raise SplitError(f"source and target are the same server {spec.source}")
+        self.store = store
+        self.spec = spec
+        self.creds = creds
+        self.schema = schema or default_schema()
+        self.catchup_timeout = catchup_timeout
+        self.cutover_timeout = cutover_timeout
+        self.drain_timeout = drain_timeout
+        self.lock_timeout = lock_timeout
+        self.connect_timeout = connect_timeout
+        self._conns: dict[str, Any] = {}
+        self.moving: tuple[int, int] = (0, 0)
+        self.original: ShardRange | None = None
+        self.journal: Journal | None = None
+        # hooks for tests: called with the step name after a step finished
+        self.after_step: Callable[[str], None] | None = None
+
+    # -- plumbing ----------------------------------------------------------
+    def conn(self, server: str) -> Any:
+        c = self._conns.get(server)
+        if c is None or not c.open:
+            c = self._conns[server] = topology.connect(
+                server, self.creds.admin_user, self.creds.admin_password,
+                timeout=self.connect_timeout, client_flag=provision.multi_statement_flags())
+        return c
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self._conns.clear()
+
+    def __enter__(self) -> Split:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _exec(self, server: str, sql: str, params: Any = None) -> list[Any]:
+        with self.conn(server).cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+    @property
+    def shards(self) -> list[int]:
+        return list(range(self.moving[0], self.moving[1] + 1))
+
+    @property
+    def databases(self) -> list[str]:
+        return [shard_database(s) for s in self.shards]
+
+    @property
+    def connection_name(self) -> str:
+        return f"split_{self.moving[0]}_{self.moving[1]}"
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold both pairs' operation locks (one operation at a time per pair)."""
+        with pair_lock(self.store, _lock_name(self.spec.source), timeout=self.lock_timeout,
+                       identifier=f"split {self.spec.source} -> {self.spec.target}"), \
+                pair_lock(self.store, _lock_name(self.spec.target), timeout=self.lock_timeout,
+                          identifier=f"split {self.spec.source} -> {self.spec.target}"):
+            yield
+
+    # -- resolving what moves ------------------------------------------------
+    def resolve(self) -> dict[str, Any] | None:
+        """Work out the moving range and load the journal; returns the journal (or None)."""
+        current = self.store.read().map
+        if current is None:
+            raise SplitError("there is no shard map in ZooKeeper; register the ranges first")
+        moving = self.spec.moving
+        if moving is None and self.spec.name:
+            j = Journal(self.store, self.spec.name)
+            data = j.load()
+            if data and data.get("moving"):
+                moving = (int(data["moving"][0]), int(data["moving"][1]))
+        if moving is None:
+            moving = self._journaled_moving()
+        if moving is None:
+            mine = [r for r in current.ranges if r.master == self.spec.source
+                    and r.extra.get("split") is None]
+            if len(mine) != 1:
+                owned = ", ".join(f"[{r.first}, {r.last}]" for r in mine) or "no range"
+                raise SplitError(f"source {self.spec.source} owns {owned}; give the moving "
+                                 "range explicitly")
+            moving = upper_half(mine[0])
+        first, last = int(moving[0]), int(moving[1])
+        if first > last:
+            raise SplitError(f"moving range [{first}, {last}] is not first <= last")
+        self.moving = (first, last)
+        name = self.spec.name or f"split-{first}-{last}"
+        self.journal = Journal(self.store, name)
+        data = self.journal.load()
+        if data and data.get("step") == "aborted":
+            data = self.journal.data = None  # an aborted attempt restarts from the beginning
+        if data:
+            if (data.get("source"), data.get("target"), tuple(data.get("moving", ()))) != (
+                    self.spec.source, self.spec.target, self.moving):
+                raise SplitError(
+                    f"journal {self.journal.path} records another split "
+                    f"({data.get('source')} -> {data.get('target')}, shards "
+                    f"{data.get('moving')}; step {data.get('step')}); finish or abort it, "
+                    "or give another split name")
+            self.original = ShardRange.from_dict(data["original"])
+        return data
+
+    def _journaled_moving(self) -> tuple[int, int] | None:
+        """The moving range of the newest split journal between this source and target that
+        was not aborted (so a rerun without a range continues, or reports, that split)."""
+        import json
+
+        from kazoo.exceptions import NoNodeError
+
+        base = f"{self.store.root}/{self.store.cluster}/ops/journal"
+        try:
+            names = self.store.client.get_children(base)
+        except NoNodeError:
+            return None
+        found: list[tuple[float, tuple[int, int]]] = []
+        for n in names:
+            if not n.startswith("split"):
+                continue
+            raw, _ = self.store.read_raw(f"{base}/{n}")
+            d = json.loads(raw) if raw else {}
+            if (d.get("source"), d.get("target")) == (self.spec.source, self.spec.target) \
+                    and d.get("step") != "aborted" and d.get("moving"):
+                found.append((float(d.get("updated_at", 0)),
+                              (int(d["moving"][0]), int(d["moving"][1]))))
+        return max(found)[1] if found else None
+
+    @property
+    def name(self) -> str:
+        assert self.journal is not None
+        return self.journal.path.rsplit("/", 1)[1]
+
+    def progress(self, data: dict[str, Any] | None) -> int:
+        if not data:
+            return -1
+        return PROGRESS.get(str(data.get("step")), -1)
+
+    # -- check ---------------------------------------------------------------
+    def check(self) -> StepResult:
+        """Refuse (SplitError, nothing changed) unless the split can run or continue."""
+        t0 = time.monotonic()
+        data = self.resolve()
+        done = self.progress(data)
+        m = self.store.read().map
+        assert m is not None
+        first, last = self.moving
+        problems: list[str] = []
+        if done >= PROGRESS["cutover"]:
+            entry = m.find(first)
+            if entry is None or entry.master != self.spec.target:
+                problems.append(f"the journal says the cutover is done but the map puts shard "
+                                f"{first} on {entry.master if entry else 'no server'}")
+            if problems:
+                raise SplitError("; ".join(problems))
+            return StepResult("check", False, f"split {self.name} is past its cutover "
+                              f"(step {data and data.get('step')})", time.monotonic() - t0,
+                              {"moving": list(self.moving)})
+        # the source owns the moving range
+        flipped = m.find(first)
+        if (done >= PROGRESS["replicate"] and flipped is not None
+                and flipped.bounds == self.moving and flipped.master == self.spec.target):
+            return StepResult("check", False, f"the map puts shards {first}..{last} on the "
+                              "target already; the cutover step will finish", time.monotonic() - t0,
+                              {"moving": list(self.moving)})
+        holder = [r for r in m.ranges if r.first <= last and first <= r.last]
+        owner = holder[0] if len(holder) == 1 else None
+        if owner is None or not (owner.first <= first and last <= owner.last) \
+                or owner.master != self.spec.source:
+            mine = ", ".join(f"[{r.first}, {r.last}]" for r in m.ranges
+                             if r.master == self.spec.source) or "nothing"
+            raise SplitError(f"source {self.spec.source} does not own shards {first}..{last} "
+                             f"(it owns {mine}); nothing changed")
+        if owner.state == "frozen" and owner.extra.get("split") != self.name:
+            raise SplitError(f"range [{owner.first}, {owner.last}] is frozen by another "
+                             f"operation ({dict(owner.extra)}); nothing changed")
+        if self.original is None:
+            self.original = owner
+        # the target is new: in no range of the map
+        for server in filter(None, (self.spec.target, self.spec.target_standby)):
+            used = m.ranges_of(server)
+            if used:
+                problems.append(f"target server {server} already serves "
+                                + ", ".join(f"[{r.first}, {r.last}]" for r in used))
+        # ... and empty, or holding this split's own earlier copies
+        have = self._shard_dbs(self.spec.target)
+        mine_ok = set(self.databases) if done >= PROGRESS["started"] else set()
+        foreign = sorted(have - mine_ok)
+        if foreign:
+            problems.append(f"target {self.spec.target} is not empty: it holds "
+                            f"{len(foreign)} shard database(s) ({_few(foreign)})"
+                            + ("" if done >= 0 else " and no journal says they are this "
+                               "split's"))
+        # the source has every moving database
+        missing = sorted(set(self.databases) - self._shard_dbs(self.spec.source))
+        if missing:
+            problems.append(f"source {self.spec.source} lacks {len(missing)} moving shard "
+                            f"database(s) ({_few(missing)})")
+        problems += self._check_replication()
+        if problems:
+            raise SplitError("; ".join(problems) + "; nothing changed")
+        return StepResult("check", False,
+                          f"ok: move shards {first}..{last} from {self.spec.source} to "
+                          f"{self.spec.target}" + (f" (resuming after {data['step']})"
+                                                   if data else ""),
+                          time.monotonic() - t0,
+                          {"moving": list(self.moving), "original": owner.to_dict()})
+
+    def _shard_dbs(self, server: str) -> set[str]:
+        with self.conn(server).cursor() as cur:
+            return provision.existing_databases(cur)
+
+    def _check_replication(self) -> list[str]:
+        out: list[str] = []
+        servers = {"source": self.spec.source, "target": self.spec.target}
+        info: dict[str, dict[str, Any]] = {}
+        for role, server in servers.items():
+            c = self.conn(server)
+            d = topology.server_dialect(c)
+            if not d.is_mariadb:
+                out.append(f"{role} {server} runs {d.version}: splits support MariaDB only")
+                continue
+            info[role] = topology.dict_rows(
+                c, "SELECT @@GLOBAL.log_bin AS log_bin, @@GLOBAL.binlog_format AS fmt, "
+                   "@@GLOBAL.server_id AS sid, @@GLOBAL.gtid_domain_id AS dom, "
+                   "@@GLOBAL.log_slave_updates AS lsu")[0]
+            if not int(info[role]["log_bin"]):
+                out.append(f"{role} {server} has no binary log (GTID replication is off)")
+            if str(info[role]["fmt"]).upper() != "ROW":
+                out.append(f"{role} {server} logs {info[role]['fmt']}, not ROW (the split's "
+                           "per-database replication filter needs ROW)")
+        if len(info) == 2:
+            if info["source"]["sid"] == info["target"]["sid"]:
+                out.append(f"source and target share server_id {info['source']['sid']}")
+            src_domains = set(replication.parse_gtids(replication.gtid_position(
+                self.conn(self.spec.source))))
+            if int(info["target"]["dom"]) in src_domains:
+                out.append(f"target's gtid_domain_id {info['target']['dom']} is already used "
+                           "in the source's binlog")
+            if self.spec.target_standby and not int(info["target"]["lsu"]):
+                out.append(f"target {self.spec.target} has log_slave_updates off: its standby "
+                           "would not get the replicated changes")
+        return out
+
+    # -- journal -------------------------------------------------------------
+    def _record(self, step: str, **fields: Any) -> dict[str, Any]:
+        assert self.journal is not None and self.original is not None
+        if self.journal.data is None or self.journal.data.get("step") == "aborted":
+            base = {"kind": "split", "name": self.name, "source": self.spec.source,
+                    "target": self.spec.target, "target_standby": self.spec.target_standby,
+                    "moving": list(self.moving), "original": self.original.to_dict(),
+                    "connection": self.connection_name, "started_at": time.time(),
+                    "state": "running", "steps": []}
+            self.journal.data = base
+        return self.journal.step(step, **fields)
+
+    def _note(self, **fields: Any) -> None:
+        """Update journal fields without recording a step."""
+        assert self.journal is not None and self.journal.data is not None
+        self.journal.save({**self.journal.data, **fields})
+
+    # -- clone ---------------------------------------------------------------
+    def clone(self) -> StepResult:
+        t0 = time.monotonic()
+        data = self.journal.data if self.journal else None
+        if self.progress(data) >= PROGRESS["clone"]:
+            return StepResult("clone", False,
+                              f"already cloned at GTID {data and data.get('clone_gtid')}")
+        if self.progress(data) < 0:
+            self._record("started")
+        tgt, src = self.spec.target, self.spec.source
+        dropped = sorted(self._shard_dbs(tgt) & set(self.databases))
+        if dropped:  # a partial copy of this split's earlier attempt: start over
+            provision.apply_drop(self.conn(tgt), dropped)
+        provision.ensure_shards(self.conn(tgt), self.shards, self.schema, app_user=None)
+        gtid, tables, rows = self._copy(src, tgt)
+        res = self._record("clone", clone_gtid=gtid, clone_tables=tables, clone_rows=rows,
+                           clone_seconds=round(time.monotonic() - t0, 3))
+        return StepResult("clone", True, f"copied {rows} row(s) in {tables} non-empty table(s) "
+                          f"of {len(self.shards)} shard(s) at GTID {gtid}",
+                          time.monotonic() - t0, {"clone_gtid": res["clone_gtid"],
+                                                  "rows": rows})
+
+    def _copy(self, src: str, tgt: str, batch: int = 1000) -> tuple[str, int, int]:
+        """Copy every row of the moving databases from one consistent snapshot of *src*."""
+        import pymysql.cursors
+
+        snap = topology.connect(src, self.creds.admin_user, self.creds.admin_password,
+                                timeout=self.connect_timeout)
+        try:
+            with snap.cursor() as cur:
+                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                st = {k.lower(): v for k, v in cur.fetchall()}
+                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)",
+                            (st["binlog_snapshot_file"], int(st["binlog_snapshot_position"])))
+                gtid = str(cur.fetchone()[0] or "")
+            tables = self.schema.tables
+            todo: list[tuple[str, str]] = []
+            dbs = self.databases
+            with snap.cursor() as cur:
+                for i in range(0, len(dbs), 40):
+                    sel = [f"(SELECT '{db}', '{t}' FROM `{db}`.`{t}` LIMIT 1)"
+                           for db in dbs[i:i + 40] for t in tables]
+                    cur.execute(" UNION ALL ".join(sel))
+                    todo += [(str(a), str(b)) for a, b in cur.fetchall()]
+            rows = 0
+            out = self.conn(tgt)
+            for db, t in todo:
+                with snap.cursor(pymysql.cursors.SSCursor) as rd:
+                    rd.execute(f"SELECT * FROM `{db}`.`{t}`")
+                    cols = ", ".join(f"`{d[0]}`" for d in rd.description)
+                    marks = ", ".join(["%s"] * len(rd.description))
+                    sql = f"INSERT INTO `{db}`.`{t}` ({cols}) VALUES ({marks})"
+                    while True:
+                        chunk = rd.fetchmany(batch)
+                        if not chunk:
+                            break
+                        with out.cursor() as wr:
+                            wr.executemany(sql, chunk)
+                        rows += len(chunk)
+            snap.commit()
+            return gtid, len(todo), rows
+        finally:
+            snap.close()
+
+    # -- replicate -----------------------------------------------------------
+    def _channel(self, server: str) -> dict[str, Any] | None:
+        for r in topology.dict_rows(self.conn(server), "SHOW ALL SLAVES STATUS"):
+            if r.get("Connection_name") == self.connection_name:
+                return r
+        return None
+
+    def replicate(self) -> StepResult:
+        t0 = time.monotonic()
+        data = self.journal.data if self.journal else None
+        done = self.progress(data)
+        if done < PROGRESS["clone"]:
+            raise SplitError(f"split {self.name} has not been cloned yet; run the clone step")
+        if done >= PROGRESS["cutover"]:
+            return StepResult("replicate", False, "past the cutover: the split's replication "
+                              "is gone")
+        assert data is not None
+        tgt = self.spec.target
+        changed = False
+        ch = self._channel(tgt)
+        if ch is None:
+            self._create_channel(str(data["clone_gtid"]))
+            changed = True
+        elif ch.get("Slave_SQL_Running") != "Yes" or ch.get("Slave_IO_Running") != "Yes":
+            err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error")
+            if ch.get("Last_SQL_Errno"):
+                raise SplitError(f"the split's replication on {tgt} stopped with an error: "
+                                 f"{err}; abort the split (step abort) and run it again")
+            self._exec(tgt, f"START SLAVE '{self.connection_name}'")
+            changed = True
+        pos = replication.gtid_position(self.conn(self.spec.source))
+        self._wait_applied(pos, self.catchup_timeout, "catch up")
+        lag = time.monotonic() - t0
+        if done < PROGRESS["replicate"]:
+            self._record("replicate", replicate_gtid=pos, catchup_seconds=round(lag, 3))
+            changed = True
+        return StepResult("replicate", changed, f"{tgt} replicates the moving shards from "
+                          f"{self.spec.source} and has applied {pos}", lag,
+                          {"replicate_gtid": pos})
+
+    def _create_channel(self, clone_gtid: str) -> None:
+        tgt, name = self.spec.target, self.connection_name
+        c = self.conn(tgt)
+        running = [r["Connection_name"] for r in topology.dict_rows(c, "SHOW ALL SLAVES STATUS")
+                   if r.get("Slave_IO_Running") == "Yes" or r.get("Slave_SQL_Running") == "Yes"]
+        host, _, port = self.spec.source.rpartition(":")
+        slave_pos = merge_gtids(str(topology.scalar(c, "SELECT @@GLOBAL.gtid_slave_pos") or ""),
+                                clone_gtid)
+        self._exec(tgt, "STOP ALL SLAVES")
+        try:
+            # The target's standby echoes the source's GTIDs back to the target's
+            # master (server_id differs from the master's own): ignore the duplicates.
+            self._exec(tgt, "SET GLOBAL gtid_ignore_duplicates = ON")
+            self._exec(tgt, "SET GLOBAL gtid_slave_pos = %s", (slave_pos,))
+            self._exec(tgt, f"CHANGE MASTER '{name}' TO MASTER_HOST = %s, MASTER_PORT = %s, "
+                            "MASTER_USER = %s, MASTER_PASSWORD = %s, MASTER_CONNECT_RETRY = 2, "
+                            "MASTER_USE_GTID = slave_pos",
+                       (host.strip("[]"), int(port), self.creds.repl_user,
+                        self.creds.repl_password))
+            self._exec(tgt, f"SET GLOBAL `{name}`.replicate_do_db = %s",
+                       (",".join(self.databases),))
+        finally:
+            for other in running + [name]:
+                if other == name and self._channel(tgt) is None:
+                    continue
+                self._exec(tgt, f"START SLAVE '{other}'")
+
+    def _wait_applied(self, pos: str, timeout: float, what: str) -> None:
+        try:
+            replication.wait_for_gtid(self.conn(self.spec.target), pos, timeout)
+        except replication.ReplicationTimeout as exc:
+            ch = self._channel(self.spec.target)
+            err = ""
+            if ch is not None and (ch.get("Last_SQL_Error") or ch.get("Last_IO_Error")):
+                err = f"; replication error: {ch.get('Last_SQL_Error') or ch.get('Last_IO_Error')}"
+            raise SplitError(f"target did not {what}: {exc}{err}") from None
+
+    def _remove_channel(self) -> bool:
+        if self._channel(self.spec.target) is None:
+            return False
+        self._exec(self.spec.target, f"STOP SLAVE '{self.connection_name}'")
+        self._exec(self.spec.target, f"RESET SLAVE '{self.connection_name}' ALL")
+        return True
+
+    # -- the map -------------------------------------------------------------
+    def _edit_map(self, fn: Callable[[ShardMap], ShardMap | None]) -> tuple[ShardMap, bool]:
+        """Apply *fn* to the current map with compare-and-set, retrying lost races."""
+        for _ in range(10):
+            v = self.store.read()
+            if v.map is None:
+                raise SplitError("the shard map disappeared from ZooKeeper")
+            new = fn(v.map)
+            if new is None or new == v.map:
+                return v.map, False
+            try:
+                self.store.write(new, v.version)
+                return new, True
+            except MapConflictError:
+                continue
+        raise SplitError("the map kept changing under the split (10 compare-and-set losses)")
+
+    def _frozen_map(self, m: ShardMap) -> ShardMap | None:
+        assert self.original is not None
+        cur = m.find(self.moving[0])
+        if cur is None:
+            raise SplitError(f"shard {self.moving[0]} is in no range of the map")
+        if cur.bounds == self.moving and cur.state == "frozen" and cur.master == self.spec.source:
+            return None
+        if cur.master != self.spec.source:
+            raise SplitError(f"shard {self.moving[0]} is on {cur.master}, not the source")
+        if cur.bounds == self.moving:
+            extra = dict(cur.extra, frozen_from=cur.state, split=self.name)
+            return m.replace_range(cur, replace(cur, state="frozen", extra=extra))
+        return m.replace_range(cur, *pieces(cur, self.moving, self.name))
+
+    def _restored_map(self, m: ShardMap) -> ShardMap | None:
+        """The map with the source's original entry back in place of the split's pieces."""
+        assert self.original is not None
+        o = self.original
+        inside = [r for r in m.ranges if o.first <= r.first and r.last <= o.last]
+        if [r.bounds for r in inside] == [o.bounds] and inside[0] == o:
+            return None
+        if any(r.master != self.spec.source for r in inside):
+            raise SplitError(f"range [{o.first}, {o.last}] is no longer all on the source "
+                             "(the cutover is done?); not restoring it")
+        moving = next((r for r in inside if r.bounds == self.moving), None)
+        restored = o
+        if moving is not None and moving.state != "frozen":
+            restored = replace(o, state=moving.state)
+        rest = [r for r in m.ranges if r not in inside]
+        return ShardMap.from_ranges(rest + [restored], m.mod_shard_count)
+
+    def _flipped_map(self, m: ShardMap) -> ShardMap | None:
+        cur = m.find(self.moving[0])
+        if cur is None:
+            raise SplitError(f"shard {self.moving[0]} is in no range of the map")
+        if cur.master == self.spec.target:
+            return None
+        if cur.bounds != self.moving or cur.state != "frozen":
+            raise SplitError(f"range [{cur.first}, {cur.last}] is not this split's frozen range; "
+                             "not flipping")
+        extra = {k: v for k, v in cur.extra.items() if k not in ("frozen_from", "split")}
+        new = ShardRange(cur.first, cur.last, self.spec.target, self.spec.target_standby,
+                         str(cur.extra.get("frozen_from", "open")), extra)
+        return m.replace_range(cur, new)
+
+    # -- fence ---------------------------------------------------------------
+    def _set_fence(self, on: bool) -> int:
+        """Take (on) or give back (off) the application user's write privileges on the moving
+        databases on the source master; returns how many grants changed.
+
+        One UPDATE of ``mysql.db`` and ``FLUSH PRIVILEGES``: constant time, where a REVOKE per
+        database costs ~0.6 ms each. Both are binlogged (row events, FLUSH is logged), so the
+        source's standby holds the same fence; the split's replication filter skips them.
+        """
+        flag = "N" if on else "Y"
+        dbs = self.databases
+        marks = ",".join(["%s"] * len(dbs))
+        sets = ", ".join(f"{p} = %s" for p in WRITE_PRIVILEGES)
+        not_yet = " OR ".join(f"{p} <> %s" for p in WRITE_PRIVILEGES)
+        sql = (f"UPDATE mysql.db SET {sets} WHERE User = %s AND Host = %s "
+               f"AND Db IN ({marks}) AND ({not_yet})")
+        with self.conn(self.spec.source).cursor() as cur:
+            n = cur.execute(sql, [flag] * 3 + [self.creds.app_user, self.creds.app_host] + dbs
+                            + [flag] * 3)
+            if n:
+                cur.execute("FLUSH PRIVILEGES")
+        return int(n)
+
+    def _drain(self, fenced_at: float) -> int:
+        """Wait (bounded) for the application's writes that may have passed the privilege check
+        before the fence. Statements get a server-wide increasing query id when they start
+        (before their privilege check), so with *q* = our own query id right after the fence:
+
+        * a statement running with a query id <= *q* started before the fence;
+        * a transaction that modified rows at the fence (its real trx id noted then), or that
+          holds locks while its thread ran nothing newer than *q*, is a pre-fence one.
+
+        New statements on the moving shards are refused (1142), so once these end nothing
+        else can land there. Returns how many are still open when the wait ends."""
+        c = self.conn(self.spec.source)
+        sql = ("SELECT p.ID, p.COMMAND, p.QUERY_ID, t.trx_id, t.trx_rows_modified, "
+               "t.trx_rows_locked, (SELECT QUERY_ID FROM information_schema.PROCESSLIST "
+               "WHERE ID = CONNECTION_ID()) FROM information_schema.PROCESSLIST p "
+               "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
+               "WHERE p.USER = %s")
+        first = _rows(c, sql, (self.creds.app_user,))
+        if not first:
+            return 0
+        q = int(first[0][6])
+        modifying = {str(r[3]) for r in first if r[3] is not None and int(r[4] or 0) > 0}
+        deadline = fenced_at + self.drain_timeout
+        while True:
+            pending = 0
+            for _id, command, qid, trx, modified, locked, _ in _rows(c, sql,
+                                                                     (self.creds.app_user,)):
+                old_stmt = int(qid or 0) <= q
+                if (command == "Query" and old_stmt) or (trx is not None and (
+                        str(trx) in modifying
+                        or (old_stmt and (int(modified or 0) > 0 or int(locked or 0) > 0)))):
+                    pending += 1
+            if pending == 0 or time.monotonic() >= deadline:
+                return pending
+            time.sleep(0.003)
+
+    # -- cutover -------------------------------------------------------------
+    def cutover(self) -> StepResult:
+        t0 = time.monotonic()
+        data = self.journal.data if self.journal else None
+        done = self.progress(data)
+        if done >= PROGRESS["cutover"]:
+            return StepResult("cutover", False, f"cut over already (map version flipped; stall "
+                              f"{data and data.get('frozen_seconds')} s)")
+        if done < PROGRESS["replicate"]:
+            raise SplitError(f"split {self.name} does not replicate yet; run the replicate step")
+        assert data is not None
+        m = self.store.read().map
+        assert m is not None
+        entry = m.find(self.moving[0])
+        if entry is not None and entry.master == self.spec.target:
+            # flipped before a crash: finish the bookkeeping
+            self._remove_channel()
+            self._record("cutover", cutover_gtid=data.get("cutover_gtid"), state="cut over")
+            return StepResult("cutover", True, "the map had been flipped; finished the cutover",
+                              time.monotonic() - t0)
+        ch = self._channel(self.spec.target)
+        if ch is None or ch.get("Slave_SQL_Running") != "Yes":
+            raise SplitError(f"the split's replication on {self.spec.target} is not running; "
+                             "run the replicate step first")
+        # Before the freeze (outside the stall): catch up, grant the application user on
+        # the target and make its master writable. Nothing routes there before the flip.
+        self._wait_applied(replication.gtid_position(self.conn(self.spec.source)),
+                           self.catchup_timeout, "catch up before the cutover")
+        tconn = self.conn(self.spec.target)
+        plan = provision.plan_shards(tconn, self.shards, self.schema,
+                                     app_user=self.creds.app_user, app_host=self.creds.app_host,
+                                     check_definitions=False)
+        provision.apply_plan(tconn, plan, self.schema, app_user=self.creds.app_user,
+                             app_host=self.creds.app_host)
+        replication.set_read_only(tconn, False)
+        self._note(cutover_phase="freezing", cutover_attempt_at=time.time())
+        # -- the stall starts
+        frozen_at = time.monotonic()
+        self._edit_map(self._frozen_map)
+        try:
+            self._set_fence(True)
+            fenced_at = time.monotonic()
+            left = self._drain(fenced_at)
+            if left:
+                raise CutoverAborted(f"{left} write(s) on {self.spec.source} did not finish "
+                                     f"within {self.drain_timeout}s of the fence")
+            pos = replication.gtid_position(self.conn(self.spec.source))  # after the fence
+            waited = time.monotonic()
+            try:
+                replication.wait_for_gtid(tconn, pos, self.cutover_timeout)
+            except replication.ReplicationTimeout:
+                raise CutoverAborted(f"target {self.spec.target} did not apply the source's "
+                                     f"position {pos} within {self.cutover_timeout}s") from None
+            waited = time.monotonic() - waited
+            self._exec(self.spec.target, f"STOP SLAVE '{self.connection_name}'")
+            self._edit_map(self._flipped_map)
+        except BaseException as exc:
+            self._undo_cutover(exc)
+            raise
+        flipped_at = time.monotonic()
+        # -- the stall ends
+        stall = flipped_at - frozen_at
+        self._remove_channel()
+        self._record("cutover", cutover_gtid=pos, frozen_seconds=round(stall, 4),
+                     fence_to_flip_seconds=round(flipped_at - fenced_at, 4),
+                     gtid_wait_seconds=round(waited, 4), cutover_phase=None,
+                     last_cutover_error=None, state="cut over")
+        return StepResult("cutover", True, f"shards {self.moving[0]}..{self.moving[1]} now on "
+                          f"{self.spec.target}; writes to them were held {stall * 1000:.0f} ms",
+                          time.monotonic() - t0, {"frozen_seconds": round(stall, 4),
+                                                  "cutover_gtid": pos})
+
+    def _undo_cutover(self, exc: BaseException) -> None:
+        """Lift the fence, then the freeze (in that order: an unfrozen router must find the
+        source writable), restart the split's replication; record why."""
+        log.warning("cutover of %s failed (%s); undoing the fence and the freeze", self.name, exc)
+        try:
+            self._set_fence(False)
+            self._edit_map(self._restored_map)
+            if self._channel(self.spec.target) is not None:
+                self._exec(self.spec.target, f"START SLAVE '{self.connection_name}'")
+            self._note(cutover_phase=None, last_cutover_error=str(exc) or type(exc).__name__)
+        except Exception as undo_exc:  # noqa: BLE001 - report both
+            raise SplitError(f"cutover failed ({exc}) and undoing it failed too ({undo_exc}); "
+                             "run the abort step") from undo_exc
+        if isinstance(exc, CutoverAborted):
+            exc.args = (f"cutover undone: {exc}; the freeze and the fence are lifted and the "
+                        "map is as it was",)
+
+    # -- cleanup -------------------------------------------------------------
+    def cleanup(self) -> StepResult:
+        t0 = time.monotonic()
+        data = self.journal.data if self.journal else None
+        done = self.progress(data)
+        if done >= PROGRESS["cleanup"]:
+            return StepResult("cleanup", False, "cleaned up already")
+        if done < PROGRESS["cutover"]:
+            raise SplitError(f"split {self.name} has not cut over; cleanup drops the source's "
+                             "copies only after the cutover")
+        m = self.store.read().map
+        assert m is not None
+        for s in (self.moving[0], self.moving[1]):
+            r = m.find(s)
+            if r is None or r.master != self.spec.target:
+                raise SplitError(f"the map puts shard {s} on {r.master if r else 'nothing'}, "
+                                 f"not {self.spec.target}; refusing to drop the source's copy")
+        src_dbs = sorted(self._shard_dbs(self.spec.source) & set(self.databases))
+        provision.apply_drop(self.conn(self.spec.source), src_dbs, app_user=self.creds.app_user,
+                             app_host=self.creds.app_host)
+        keep = {shard_database(s) for r in m.ranges_of(self.spec.target)
+                for s in range(r.first, r.last + 1)}
+        stray = sorted(self._shard_dbs(self.spec.target) - keep)
+        provision.apply_drop(self.conn(self.spec.target), stray, app_user=self.creds.app_user,
+                             app_host=self.creds.app_host)
+        self._record("cleanup", state="done", dropped_source=len(src_dbs),
+                     dropped_target=len(stray))
+        return StepResult("cleanup", bool(src_dbs or stray),
+                          f"dropped {len(src_dbs)} moved database(s) from {self.spec.source} and "
+                          f"{len(stray)} stray one(s) from {self.spec.target}",
+                          time.monotonic() - t0)
+
+    # -- abort ---------------------------------------------------------------
+    def abort(self) -> StepResult:
+        t0 = time.monotonic()
+        data = self.journal.data if self.journal else None
+        done = self.progress(data)
+        if data is None:
+            return StepResult("abort", False, "no split in progress; nothing to undo")
+        if done >= PROGRESS["cutover"]:
+            raise SplitError(f"split {self.name} is past its cutover: shards "
+                             f"{self.moving[0]}..{self.moving[1]} live on {self.spec.target} now; "
+                             "run cleanup (or split them back)")
+        current = self.store.read().map
+        entry = current.find(self.moving[0]) if current else None
+        if entry is not None and entry.master == self.spec.target:
+            raise SplitError("the map was flipped to the target already; run the cutover step "
+                             "to finish it instead of aborting")
+        removed = self._remove_channel()
+        unfenced = self._set_fence(False)
+        _, restored = self._edit_map(self._restored_map)
+        copies = sorted(self._shard_dbs(self.spec.target) & set(self.databases))
+        provision.apply_drop(self.conn(self.spec.target), copies, app_user=self.creds.app_user,
+                             app_host=self.creds.app_host)
+        self._record("aborted", state="aborted")
+        did = [w for w, yes in (("removed the replication", removed),
+                                (f"lifted the fence on {unfenced} grant(s)", unfenced),
+                                ("restored the map", restored),
+                                (f"dropped {len(copies)} copies from the target", copies)) if yes]
+        return StepResult("abort", True, "aborted: " + (", ".join(did) or "nothing to undo"),
+                          time.monotonic() - t0)
+
+    # -- driving -------------------------------------------------------------
+    def run(self, step: str, *, cleanup: bool = False) -> list[StepResult]:
+        """Run *step* (or ``all``: check, clone, replicate, cutover, and cleanup when asked)
+        under both pairs' locks."""
+        if step not in STEPS + ("all", "abort"):
+            raise SplitError(f"step {step!r} is not one of {', '.join(STEPS + ('all', 'abort'))}")
+        with self.locked():
+            if step == "abort":
+                self.resolve()
+                return [self.abort()]
+            names = (["check", "clone", "replicate", "cutover"] + (["cleanup"] if cleanup else [])
+                     if step == "all" else (["check", step] if step != "check" else ["check"]))
+            out = []
+            for name in names:
+                res = getattr(self, name)()
+                out.append(res)
+                if self.after_step is not None:
+                    self.after_step(name)
+            return out
+
+    def status(self) -> dict[str, Any]:
+        """The journal (resolving the moving range) and the map's entry for it; changes nothing."""
+        data = self.resolve()
+        m = self.store.read().map
+        entry = m.find(self.moving[0]) if m else None
+        return {"journal": data, "moving": list(self.moving), "name": self.name,
+                "entry": entry.to_dict() if entry else None}
+
+
+def merge_gtids(base: str, overlay: str) -> str:
+    """*base* with every domain of *overlay* set to overlay's GTID (MariaDB lists)."""
+    b = replication.parse_gtids(base) if base else {}
+    b.update(replication.parse_gtids(overlay) if overlay else {})
+    return ",".join(f"{d}-{s}-{n}" for d, (s, n) in sorted(b.items()))
+
+
+def map_changes(before: ShardMap | None, after: ShardMap | None) -> list[str]:
+    return diff(before, after)
+
+
+def _rows(conn: Any, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+
+
+def _few(names: Sequence[str], n: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
+
+
+def _lock_name(server: str) -> str:
+    return "server-" + server.replace("/", "_")
+
+
+__all__ = ["CutoverAborted", "Credentials", "NO_NODE", "Split", "SplitError", "SplitSpec",
+           "StepResult", "MapError", "DatabaseError", "merge_gtids", "pieces", "upper_half"]

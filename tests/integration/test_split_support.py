@@ -1,0 +1,272 @@
+"""Harness of the split tests and of bench/split_cutover.py: a source MariaDB, a target
+GTID master-master pair (two MariaDB host processes), a bounded writer through the
+routing library that logs every acknowledged write, and the checks run after a split.
+
+No tests here; the module is named test_split* to sit with the files the split owns.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pymysql
+
+from shardfleet import ids, provision
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+from shardfleet.router import Router
+from shardfleet.schema import default_schema, shard_database
+from shardfleet.shardmap import ShardMap
+from shardfleet.split import Credentials, Split, SplitSpec
+from shardfleet.store import Store
+from shardfleet.testing import MariaDBServer
+
+APP_USER, APP_PASSWORD = "sf_app", "sf-app-test"
+REPL_USER, REPL_PASSWORD = "sf_repl", "sf-repl-test"
+SOURCE_RANGE = (0, 31)
+PIN = 1
+
+
+def _sql(server: MariaDBServer, statement: str, params: Any = None) -> list[Any]:
+    return server.sql(statement, params)
+
+
+def make_server(base: Path, server_id: int, side: str = "a") -> MariaDBServer:
+    s = MariaDBServer(base, server_id=server_id, extra=[
+        "--innodb-file-per-table=0", "--auto-increment-increment=2",
+        f"--auto-increment-offset={1 if side == 'a' else 2}"]).start()
+    for user, pw in ((APP_USER, APP_PASSWORD), (REPL_USER, REPL_PASSWORD)):
+        _sql(s, f"CREATE USER IF NOT EXISTS '{user}'@'%%' IDENTIFIED BY %s", (pw,))
+    _sql(s, f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{REPL_USER}'@'%'")
+    return s
+
+
+def pair_up(a: MariaDBServer, b: MariaDBServer) -> None:
+    """Wire a and b master-master with GTID, like the mysql role does."""
+    for me, peer in ((a, b), (b, a)):
+        pos = _sql(peer, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+        _sql(me, "SET GLOBAL gtid_slave_pos = %s", (pos,))
+        _sql(me, "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, "
+                 "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos",
+             (peer.port, REPL_USER, REPL_PASSWORD))
+        _sql(me, "START SLAVE")
+
+
+@dataclass
+class SplitFleet:
+    """Source server + target pair, reset to a fresh state for each test."""
+
+    source: MariaDBServer
+    target: MariaDBServer
+    standby: MariaDBServer
+    zk_address: str
+    cluster: str = ""
+    store: ZooKeeperMapStore | None = None
+
+    @property
+    def creds(self) -> Credentials:
+        return Credentials("root", MariaDBServer.root_password, REPL_USER, REPL_PASSWORD,
+                           APP_USER, "%")
+
+    def reset(self) -> None:
+        """Empty target pair, fresh shards on the source, a fresh cluster map in ZooKeeper."""
+        t = self.target.connect(client_flag=provision.multi_statement_flags())
+        try:
+            with t.cursor() as cur:
+                cur.execute("SHOW ALL SLAVES STATUS")
+                names = [r[0] for r in cur.fetchall() if r[0]]
+                for n in names:
+                    cur.execute(f"STOP SLAVE '{n}'")
+                    cur.execute(f"RESET SLAVE '{n}' ALL")
+                dbs = sorted(provision.existing_databases(cur))
+            if dbs:
+                provision.apply_drop(t, dbs, app_user=APP_USER)
+        finally:
+            t.close()
+        for s in (self.target, self.standby):
+            _sql(s, "SET GLOBAL read_only = ON")
+        s = self.source.connect(client_flag=provision.multi_statement_flags())
+        try:
+            with s.cursor() as cur:
+                dbs = sorted(provision.existing_databases(cur))
+            provision.apply_drop(s, dbs, app_user=APP_USER)
+            provision.ensure_shards(s, list(range(SOURCE_RANGE[0], SOURCE_RANGE[1] + 1)),
+                                    default_schema(), app_user=APP_USER)
+        finally:
+            s.close()
+        wait_pair_synced(self.target, self.standby)
+        self.cluster = "split" + uuid.uuid4().hex[:8]
+        if self.store is not None:
+            self.store.close()
+        self.store = ZooKeeperMapStore(self.zk_address, self.cluster)
+        self.store.write(ShardMap.from_ranges([
+            {"range": list(SOURCE_RANGE), "master": self.source.address, "standby": None,
+             "state": "open"},
+            {"range": [32, 47], "master": "10.255.255.1:3306", "standby": None,
+             "state": "open"},
+        ], mod_shard_count=32), NO_NODE)
+
+    def split(self, moving: tuple[int, int] | None = None, target: str | None = None,
+              **kw: Any) -> Split:
+        assert self.store is not None
+        spec = SplitSpec(self.source.address, target or self.target.address,
+                         self.standby.address, moving)
+        return Split(self.store, spec, self.creds, **kw)
+
+    def map(self) -> ShardMap:
+        assert self.store is not None
+        m = self.store.read().map
+        assert m is not None
+        return m
+
+    def router(self, tmp: Path, frozen_wait: float = 8.0) -> Router:
+        return Router(ZooKeeperMapStore(self.zk_address, self.cluster),
+                      cache_file=tmp / f"map-{uuid.uuid4().hex[:6]}.json", user=APP_USER,
+                      password=APP_PASSWORD, frozen_wait=frozen_wait)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def wait_pair_synced(a: MariaDBServer, b: MariaDBServer, timeout: float = 30.0) -> None:
+    pos = _sql(a, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    r = _sql(b, "SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))[0][0]
+    assert r == 0, f"standby {b.address} did not apply {pos} within {timeout}s"
+
+
+# -- the bounded writer ------------------------------------------------------------
+@dataclass
+class WriterLog:
+    acked: dict[int, int] = field(default_factory=dict)  # id -> last acknowledged version
+    uncertain: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+    errors: list[tuple[int, str]] = field(default_factory=list)  # (shard, error)
+    latencies: list[tuple[float, float, int]] = field(default_factory=list)  # start, secs, shard
+    created: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # shard -> n
+
+    def longest(self, shards: set[int] | None = None, since: float = 0.0) -> float:
+        xs = [d for t, d, s in self.latencies if t >= since and (shards is None or s in shards)]
+        return max(xs, default=0.0)
+
+
+class Writer:
+    """Threads creating and updating pins across *shards* through the routing library, for at
+    most *seconds* and *max_ops* operations each, logging every acknowledged write."""
+
+    def __init__(self, store: Store, shards: list[int], *, threads: int = 3,
+                 seconds: float = 60.0, max_ops: int = 20_000, seed: int = 7) -> None:
+        self.store, self.shards = store, shards
+        self.threads, self.seconds, self.max_ops = threads, seconds, max_ops
+        self.log = WriterLog()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._workers: list[threading.Thread] = []
+        self._rng = random.Random(seed)
+        self.ops = 0
+
+    def start(self) -> Writer:
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, args=(i,), name=f"writer-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+        return self
+
+    def stop(self) -> WriterLog:
+        self._stop.set()
+        for t in self._workers:
+            t.join(30)
+        return self.log
+
+    def _run(self, n: int) -> None:
+        rng = random.Random(n)
+        mine: list[int] = []
+        deadline = time.monotonic() + self.seconds
+        for _ in range(self.max_ops):
+            if self._stop.is_set() or time.monotonic() > deadline:
+                return
+            shard = rng.choice(self.shards)
+            start = time.monotonic()
+            if mine and rng.random() < 0.5:
+                oid = rng.choice(mine)
+                shard = ids.shard_of(oid)
+                with self._lock:
+                    v = self.log.acked[oid] + 1
+                    self.log.uncertain[oid].add(v)
+                try:
+                    self.store.update(oid, {"v": v})
+                except Exception as exc:  # noqa: BLE001 - logged, checked by the test
+                    with self._lock:
+                        self.log.errors.append((shard, repr(exc)))
+                    continue
+                with self._lock:
+                    self.log.acked[oid] = max(self.log.acked[oid], v)
+                    self.log.uncertain[oid].discard(v)
+            else:
+                try:
+                    oid = self.store.create(PIN, {"v": 0, "w": n},
+                                            near=ids.compose(shard, PIN, 1))
+                except Exception as exc:  # noqa: BLE001
+                    with self._lock:
+                        self.log.errors.append((shard, repr(exc)))
+                    continue
+                with self._lock:
+                    self.log.acked[oid] = 0
+                    self.log.created[shard] += 1
+                mine.append(oid)
+            with self._lock:
+                self.log.latencies.append((start, time.monotonic() - start, shard))
+                self.ops += 1
+
+
+def rows(server: MariaDBServer, shards: list[int]) -> dict[int, int]:
+    """{object id: body version} of every pin on *server* in *shards*."""
+    out: dict[int, int] = {}
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            for s in shards:
+                try:
+                    cur.execute(f"SELECT local_id, JSON_VALUE(body, '$.v') "
+                                f"FROM `{shard_database(s)}`.`pins`")
+                except pymysql.err.ProgrammingError:
+                    continue  # no such database
+                for local, v in cur.fetchall():
+                    out[ids.compose(s, PIN, int(local))] = int(v)
+    finally:
+        conn.close()
+    return out
+
+
+def verify(fleet: SplitFleet, log: WriterLog, moving: tuple[int, int], *,
+           source_copy: bool = True) -> None:
+    """Every acknowledged write is on the master the map names with its latest value; no
+    duplicates; the old master holds nothing the target lacks for the moved shards."""
+    m = fleet.map()
+    servers = {fleet.source.address: fleet.source, fleet.target.address: fleet.target}
+    moved = list(range(moving[0], moving[1] + 1))
+    by_master: dict[str, list[int]] = defaultdict(list)
+    for s in range(SOURCE_RANGE[0], SOURCE_RANGE[1] + 1):
+        by_master[m.range_for(s).master].append(s)
+    assert set(by_master[fleet.target.address]) == set(moved), dict(by_master)
+    live: dict[int, int] = {}
+    for master, shards in by_master.items():
+        live.update(rows(servers[master], shards))
+    lost = [i for i in log.acked if i not in live]
+    assert not lost, f"{len(lost)} acknowledged object(s) missing, e.g. {lost[:5]}"
+    stale = [(i, v, live[i]) for i, v in log.acked.items()
+             if live[i] != v and live[i] not in log.uncertain.get(i, set())]
+    assert not stale, f"{len(stale)} object(s) without their last acknowledged value: {stale[:5]}"
+    extra = [i for i in live if i not in log.acked]
+    unacked_creates = len(log.errors)
+    assert len(extra) <= unacked_creates, f"{len(extra)} rows no writer acknowledged: {extra[:5]}"
+    if source_copy:
+        old = rows(fleet.source, moved)
+        ahead = [(i, v, live.get(i)) for i, v in old.items() if live.get(i) is None
+                 or live[i] < v]
+        assert not ahead, f"the old master accepted writes for moved shards: {ahead[:5]}"
