@@ -684,6 +684,12 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
         run.journal = Journal(store, f"rebuild-{pair}")
         run.journal.load()
         nconn, why = try_connect(node, opts)
+        if nconn is None and check:
+            res.changed = True
+            res.warnings.append(f"{node} does not answer ({why}): start it or apply the "
+                                "mysql role before the rebuild")
+            res.steps.append(f"rebuild {node} as the standby of {master} (would)")
+            return res
         if nconn is None:
             raise PromotionRefused(f"{node} does not answer ({why}): start it (it boots "
                                    "read_only) or rebuild it with the mysql role first")

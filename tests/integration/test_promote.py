@@ -44,6 +44,7 @@ class Writer:
     store: Store
     max_writes: int = 20000
     max_seconds: float = 120.0
+    near: int | None = None  # an ID on the shard to write to (default: any open shard)
     acked: list[int] = field(default_factory=list)
     ack_times: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -62,7 +63,7 @@ class Writer:
         while not self._stop.is_set() and n < self.max_writes and time.monotonic() < end:
             n += 1
             try:
-                oid = self.store.create("pin", {"n": n, "w": "promote"})
+                oid = self.store.create("pin", {"n": n, "w": "promote"}, near=self.near)
             except ShardfleetError as exc:
                 self.errors.append(f"{time.monotonic():.3f} {exc}")
                 time.sleep(0.05)

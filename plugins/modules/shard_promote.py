@@ -1,0 +1,244 @@
+#!/usr/bin/python
+# Promote a pair's standby to master (planned or emergency), or re-attach a rebuilt one.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: shard_promote
+short_description: Promote a MySQL pair's standby to master, planned or in an emergency
+description:
+  - Human-triggered promotion of one master-master pair; the work is done by
+    C(shardfleet.promote) in the library.
+  - I(mode=planned) (the master answers) freezes the pair's ranges in the map, sets
+    the master C(read_only=ON), waits for its open write transactions (bounded),
+    waits until the standby applied the master's last GTID position, makes the
+    standby writable and writes the map with master and standby swapped and the
+    ranges unfrozen. The old master keeps replicating from the new one. No write
+    is lost; if the standby does not catch up in time, everything is rolled back.
+  - I(mode=emergency) (the master is dead) is refused while the master answers,
+    unless I(force=true). It freezes the ranges, stops the standby's replication
+    I/O thread, waits until it applied every relay log event it received, stops
+    its replication from the old master, reports errant transactions (GTIDs the
+    standby wrote that the master never had), makes the standby writable and
+    writes the swapped map with C(rebuild) naming the old master. With semi-sync
+    on, no acknowledged write is lost; when semi-sync was off or its state cannot
+    be read the result says so in C(warnings).
+  - I(mode=rebuild) re-attaches the server a map marks C(rebuild) as the standby
+    (it must answer and keep its replication channel; apply the C(mysql) role
+    first). Its shard databases are replaced by a consistent copy of the master's
+    (C(mariadb-dump) and the C(mariadb) client run where the module runs), its
+    binary log history reset to the copy's GTID position, replication restarted
+    both ways and the mark cleared.
+  - One operation at a time per pair (a lock in ZooKeeper under
+    C(<zookeeper_root>/<cluster>/ops/locks/<pair>)); a journal at
+    C(ops/journal/promote-<pair>) records each step, and a rerun after a failure
+    finishes the recorded promotion.
+version_added: "0.1.0"
+author: shardfleet
+extends_documentation_fragment:
+  - shardfleet.ZOOKEEPER
+options:
+  pair:
+    description: The pair's name (its lock and journal are named after it), e.g. C(pair001).
+    type: str
+    required: true
+  nodes:
+    description: The pair's two MySQL servers as C(host:port), as the map names them.
+    type: list
+    elements: str
+    required: true
+  mode:
+    description: C(planned) (master alive), C(emergency) (master dead), C(rebuild) (re-attach).
+    type: str
+    choices: [planned, emergency, rebuild]
+    default: planned
+  master:
+    description:
+      - The server that should be the master afterwards (default the map's standby).
+        With it set, a rerun of a finished promotion is no change.
+    type: str
+  force:
+    description: In I(mode=emergency), promote even though the master answers (it is fenced).
+    type: bool
+    default: false
+  login_user:
+    description: MySQL administrative user on both servers (the C(mysql) role's admin).
+    type: str
+    default: shardfleet_admin
+  login_password:
+    description: Its password; comes from Ansible Vault, never logged.
+    type: str
+    default: ''
+  connect_timeout:
+    description: Seconds to wait for a server to answer (an emergency tests the master with it).
+    type: float
+    default: 3
+  catchup_timeout:
+    description: Seconds the standby may take to catch up before anything is frozen.
+    type: float
+    default: 30
+  drain_timeout:
+    description: Seconds the standby may take to apply the last transactions while writes wait.
+    type: float
+    default: 10
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Runs every check (servers answer, replication, lag, lock) and lists the steps it
+        would take; changes nothing.
+  diff_mode:
+    support: full
+    description: The map before and after (in check mode, the ranges that would change).
+  idempotent:
+    support: partial
+    description:
+      - With I(master) set, a rerun after a finished promotion changes nothing; without it,
+        a planned promotion always promotes the current standby (a rerun swaps back).
+      - An emergency rerun finds the old master marked for rebuild and changes nothing; a
+        rebuild rerun finds no mark and changes nothing.
+"""
+
+EXAMPLES = r"""
+- name: Planned promotion of pair001's standby
+  shard_promote:
+    zookeeper_hosts: [10.242.0.31:2181]
+    zookeeper_user: "{{ zookeeper_admin_user }}"
+    zookeeper_password: "{{ zookeeper_admin_password }}"
+    pair: pair001
+    nodes: [10.242.0.11:3306, 10.242.0.12:3306]
+    login_password: "{{ mysql_admin_password }}"
+
+- name: The master is dead
+  shard_promote:
+    zookeeper_hosts: [10.242.0.31:2181]
+    pair: pair001
+    nodes: [10.242.0.11:3306, 10.242.0.12:3306]
+    mode: emergency
+    login_password: "{{ mysql_admin_password }}"
+"""
+
+RETURN = r"""
+mode:
+  description: The mode that ran (a resumed promotion runs the journal's mode).
+  returned: always
+  type: str
+old_master:
+  description: The master before (C(host:port)).
+  returned: always
+  type: str
+new_master:
+  description: The master after.
+  returned: always
+  type: str
+ranges:
+  description: The pair's ranges, C([first, last]) each.
+  returned: always
+  type: list
+  elements: list
+steps:
+  description: The steps done (in check mode, the checks and the steps it would take).
+  returned: always
+  type: list
+  elements: str
+warnings_list:
+  description: What the operator must read (semi-sync off, errant transactions, a failed fence).
+  returned: always
+  type: list
+  elements: str
+errant:
+  description: GTID ranges written on the standby that the old master never had.
+  returned: always
+  type: list
+  elements: str
+semisync:
+  description: Semi-sync settings and status of the servers that answered.
+  returned: always
+  type: dict
+timings:
+  description: Seconds from the start to each step; C(frozen_seconds) is how long writes waited.
+  returned: always
+  type: dict
+map_before:
+  description: The map as a table before.
+  returned: always
+  type: str
+map_after:
+  description: The map as a table after (empty in check mode).
+  returned: always
+  type: str
+changes:
+  description: Readable range changes.
+  returned: always
+  type: list
+  elements: str
+next_step:
+  description: What to do next (for example the rebuild command).
+  returned: always
+  type: str
+resumed:
+  description: True when the run finished a promotion an earlier run started.
+  returned: always
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.shardfleet_common import (
+    ShardfleetError,
+    require_library,
+    zookeeper_argument_spec,
+    zookeeper_store,
+)
+
+
+def run(module):
+    from shardfleet import promote
+
+    p = module.params
+    opts = promote.Options(user=p["login_user"], password=p["login_password"],
+                           connect_timeout=p["connect_timeout"],
+                           catchup_timeout=p["catchup_timeout"],
+                           drain_timeout=p["drain_timeout"], force=p["force"])
+    store = zookeeper_store(module)
+    try:
+        if p["mode"] == "rebuild":
+            res = promote.rebuild_standby(store, p["pair"], p["nodes"], opts=opts,
+                                          check=module.check_mode)
+        else:
+            res = promote.promote(store, p["pair"], p["nodes"], mode=p["mode"],
+                                  master=p["master"], opts=opts, check=module.check_mode)
+    except ShardfleetError as exc:
+        module.fail_json(msg=str(exc))
+    finally:
+        store.close(timeout=2)
+    out = res.to_dict()
+    out["warnings_list"] = out.pop("warnings")
+    for w in out["warnings_list"]:
+        module.warn(w)
+    if module._diff:
+        out["diff"] = dict(before=res.map_before + "\n",
+                           after=(res.map_after or "\n".join(res.changes)) + "\n")
+    module.exit_json(**out)
+
+
+def main():
+    spec = zookeeper_argument_spec()
+    spec.update(
+        pair=dict(type="str", required=True),
+        nodes=dict(type="list", elements="str", required=True),
+        mode=dict(type="str", default="planned", choices=["planned", "emergency", "rebuild"]),
+        master=dict(type="str"),
+        force=dict(type="bool", default=False),
+        login_user=dict(type="str", default="shardfleet_admin"),
+        login_password=dict(type="str", default="", no_log=True),
+        connect_timeout=dict(type="float", default=3),
+        catchup_timeout=dict(type="float", default=30),
+        drain_timeout=dict(type="float", default=10),
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    require_library(module)
+    run(module)
+
+
+if __name__ == "__main__":
+    main()

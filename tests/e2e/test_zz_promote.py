@@ -1,0 +1,192 @@
+"""Promotion on the container fleet under load (runs after the site tests: the name
+sorts last). A bounded writer on the host, through the routing library, writes to
+pair001's shards and logs every acknowledged ID:
+
+1. planned: promote.yml -e pair=pair001; zero acknowledged writes lost, the old master
+   read_only and replicating from the new one; the writer's longest stall is measured;
+   a rerun naming the new master changes nothing; refusals change nothing;
+2. emergency: podman kill the new master, promote.yml -e mode=emergency; zero
+   acknowledged writes lost, the writer resumes on the new master; the killed node,
+   started again, comes up read_only and refuses the application's writes.
+
+The pair is left with one writable master and its old master marked for rebuild in
+the map (SHARDFLEET_E2E_REBUILD=1 also runs rebuild-standby.yml: a full copy of the
+pair's 2,048 shards, minutes here).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pymysql
+import pytest
+
+from shardfleet import ids
+from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.router import Router
+from shardfleet.store import Store
+from tests.integration.test_promote import Writer, missing_ids
+
+from .conftest import Fleet
+
+pytestmark = pytest.mark.e2e
+PAIR = "pair001"
+
+
+def _admin(fleet: Fleet, server: str, timeout: float = 5) -> pymysql.connections.Connection:
+    host, _, port = server.rpartition(":")
+    return pymysql.connect(host=host, port=int(port), user="shardfleet_admin",
+                           password=fleet.secrets["vault_mysql_admin_password"],
+                           autocommit=True, connect_timeout=timeout)
+
+
+def _one(conn: pymysql.connections.Connection, sql: str) -> object:
+    with conn.cursor() as c:
+        c.execute(sql)
+        row = c.fetchone()
+        return row[0] if row else None
+
+
+def _wait_answer(fleet: Fleet, server: str, timeout: float = 90) -> pymysql.connections.Connection:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _admin(fleet, server, timeout=2)
+        except pymysql.err.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _node(fleet: Fleet, server: str) -> str:
+    return next(h for h in fleet.group("mysql") if server.startswith(fleet.ip(h) + ":"))
+
+
+def _check_acked(fleet: Fleet, server: str, acked: list[int]) -> None:
+    conn = _admin(fleet, server)
+    try:
+        lost = missing_ids(conn, acked)
+    finally:
+        conn.close()
+    assert lost == [], f"{len(lost)} acknowledged writes missing on {server}: {lost[:5]}"
+
+
+def test_promote_planned_then_emergency(fleet: Fleet) -> None:
+    assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; see test_site"
+    zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
+    mapstore = ZooKeeperMapStore(zk, "default")
+    router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
+                    password=fleet.secrets["vault_mysql_app_password"], frozen_wait=15.0,
+                    connect_timeout=2, read_timeout=10)
+    store = Store(router)
+    report: list[str] = []
+    try:
+        nodes = [f"{fleet.ip(h)}:3306" for h in fleet.group("mysql")
+                 if fleet.hosts[h]["shardfleet_pair"] == PAIR]
+        r0 = next(r for r in mapstore.read().map.ranges if r.master in nodes)
+        old, new = r0.master, r0.standby
+        assert new in nodes, f"pair001's range has no standby: {r0.describe()}"
+        near = ids.compose(r0.first, 1, 1)
+
+        # -- refusals: nothing changes --------------------------------------------------
+        v0 = mapstore.read().version
+        bad = fleet.playbook("promote.yml", "-e", "pair=pair404")
+        assert bad.rc != 0 and "pair404 has 0 servers" in bad.output, bad.output[-2000:]
+        live = fleet.playbook("promote.yml", "-e", f"pair={PAIR}", "-e", "mode=emergency")
+        assert live.rc != 0 and "answers: use mode=planned" in live.output, live.output[-2000:]
+        assert mapstore.read().version == v0, "a refused promotion changed the map"
+
+        # -- planned, under load --------------------------------------------------------
+        w = Writer(store, max_seconds=120, near=near).start()
+        try:
+            assert w.wait_acks(200), f"writer made no progress: {w.errors[-3:]}"
+            t0 = time.monotonic()
+            run = fleet.playbook("promote.yml", "-e", f"pair={PAIR}")
+            t1 = time.monotonic()
+            assert w.wait_acks(200), f"writer did not resume: {w.errors[-3:]}"
+        finally:
+            w.stop()
+        assert run.rc == 0, run.output[-4000:]
+        assert "MAP BEFORE:" in run.output and "MAP AFTER:" in run.output
+        stall = w.longest_stall(since=t0 - 0.5)
+        report.append(f"planned: playbook {run.seconds:.1f}s, longest write stall {stall:.3f}s, "
+                      f"{len(w.acked)} acked, {len(w.errors)} errors")
+        r1 = next(r for r in mapstore.read().map.ranges if r.bounds == r0.bounds)
+        assert (r1.master, r1.standby, r1.state) == (new, old, r0.state), r1.describe()
+        _check_acked(fleet, new, w.acked)
+        oc = _admin(fleet, old)
+        try:
+            assert _one(oc, "SELECT @@GLOBAL.read_only") == 1, "old master still writable"
+            deadline = time.monotonic() + 30
+            while True:
+                with oc.cursor(pymysql.cursors.DictCursor) as c:
+                    c.execute("SHOW SLAVE STATUS")
+                    st = c.fetchone()
+                if st and st["Slave_SQL_Running"] == "Yes" and st["Slave_IO_Running"] == "Yes":
+                    break
+                assert time.monotonic() < deadline, f"old master not replicating: {st}"
+                time.sleep(0.5)
+        finally:
+            oc.close()
+        _check_acked(fleet, old, w.acked[:-50])  # the newest may still be in flight
+        assert t1 - t0 < 60
+        again = fleet.playbook("promote.yml", "-e", f"pair={PAIR}", "-e", f"promote_master={new}")
+        assert again.rc == 0 and "changed=0" in again.output, again.output[-2000:]
+
+        # -- emergency: kill the new master mid-load ------------------------------------
+        w2 = Writer(store, max_seconds=120, near=near).start()
+        try:
+            assert w2.wait_acks(200), f"writer made no progress: {w2.errors[-3:]}"
+            dead = _node(fleet, new)
+            subprocess.run(["podman", "kill", dead], check=True, capture_output=True)
+            t_kill = time.monotonic()
+            em = fleet.playbook("promote.yml", "-e", f"pair={PAIR}", "-e", "mode=emergency")
+            t_start = t_kill  # the playbook started right after the kill
+            assert em.rc == 0, em.output[-4000:]
+            assert w2.wait_acks(200, timeout=30), f"writer did not resume: {w2.errors[-3:]}"
+        finally:
+            w2.stop()
+        first = w2.first_ack_after(t_start)
+        assert first is not None
+        report.append(f"emergency: playbook {em.seconds:.1f}s, kill -> first acknowledged "
+                      f"write on {old} {first - t_start:.2f}s, {len(w2.acked)} acked, "
+                      f"{len(w2.errors)} errors")
+        _check_acked(fleet, old, w.acked + w2.acked)
+        r2 = next(r for r in mapstore.read().map.ranges if r.bounds == r0.bounds)
+        assert r2.master == old and r2.extra.get("rebuild") == new, r2.to_dict()
+        assert "rebuild-standby.yml" in em.output
+
+        # -- the killed master comes back read-only and takes no writes -----------------
+        subprocess.run(["podman", "start", dead], check=True, capture_output=True)
+        back = _wait_answer(fleet, new)
+        try:
+            deadline = time.monotonic() + 60
+            while _one(back, "SELECT COUNT(*) FROM information_schema.PROCESSLIST") is None:
+                assert time.monotonic() < deadline
+                time.sleep(1)
+            assert _one(back, "SELECT @@GLOBAL.read_only") == 1, "returning master is writable"
+        finally:
+            back.close()
+        host, _, port = new.rpartition(":")
+        app = pymysql.connect(host=host, port=int(port), user="shardfleet_app",
+                              password=fleet.secrets["vault_mysql_app_password"],
+                              autocommit=True)
+        try:
+            with pytest.raises(pymysql.err.MySQLError, match="read-only|1290"), \
+                    app.cursor() as c:
+                c.execute(f"INSERT INTO db{r0.first:05d}.pins (body) VALUES ('{{}}')")
+        finally:
+            app.close()
+        if os.environ.get("SHARDFLEET_E2E_REBUILD") == "1":
+            rb = fleet.playbook("rebuild-standby.yml", "-e", f"pair={PAIR}")
+            assert rb.rc == 0, rb.output[-4000:]
+            report.append(f"rebuild-standby: {rb.seconds:.0f}s")
+            r3 = next(r for r in mapstore.read().map.ranges if r.bounds == r0.bounds)
+            assert "rebuild" not in r3.extra and r3.standby == new
+    finally:
+        print("\n" + "\n".join(report))
+        store.close()
+        router.close()
+        mapstore.close()
