@@ -142,8 +142,8 @@ def replica_status(conn: Any) -> list[dict[str, Any]]:
 def _channel(conn: Any) -> dict[str, Any] | None:
     """The node's replication channel from its peer (a pair node has exactly one)."""
     rows = replica_status(conn)
-    if len(rows) > 1:
-        raise PromotionRefused(f"{len(rows)} replication channels found; a pair node has one")
+    if len(rows) > 1:  # e.g. a split's named channel beside it: the peer's is the default one
+        rows = [r for r in rows if not r.get("Connection_name")]
     return rows[0] if rows else None
 
 
