@@ -1,0 +1,264 @@
+#!/usr/bin/python
+# Split a pair's shard range onto a new pair, one resumable step at a time.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: shard_split
+short_description: Move part of a pair's shard range onto a new pair, live and resumably
+description:
+  - Runs one step of a split (or all of them) with the shardfleet library; each step is
+    idempotent and its progress is kept in a journal in ZooKeeper beside the map
+    (C(<zookeeper_root>/<cluster>/ops/journal/split-<first>-<last>)), so rerunning after
+    any failure continues where it stopped.
+  - C(check) refuses, changing nothing, unless the source master owns the moving range,
+    the target pair is new and empty (or holds this split's own earlier attempt) and both
+    servers log GTID binlogs in ROW format.
+  - C(clone) copies the moving shard databases from one consistent snapshot of the source
+    (no lock; writes go on) onto the target's master, noting the snapshot's GTID position.
+  - C(replicate) makes the target's master replicate the moving databases from the source
+    over a named connection (C(split_<first>_<last>)) until caught up, compared by GTID.
+  - C(cutover) freezes the range in the map, fences it on the source (the application user
+    loses INSERT, UPDATE, DELETE there), waits for the target to apply the source's position
+    read after the fence, and flips the map. On timeout it undoes the fence and the freeze.
+  - C(cleanup) drops the moved databases from the source; C(abort) (before the cutover)
+    removes the split's replication, freeze, fence and the target's copies.
+version_added: "0.1.0"
+author: shardfleet
+extends_documentation_fragment:
+  - shardfleet.ZOOKEEPER
+options:
+  source:
+    description: The source pair's master, C(host:port) as the map names it.
+    type: str
+    required: true
+  target:
+    description: The target pair's master, C(host:port).
+    type: str
+    required: true
+  target_standby:
+    description: The target pair's standby, C(host:port); the map names it after the flip.
+    type: str
+  range:
+    description:
+      - First and last shard to move. Default the upper half of the source's range
+        (or the range of this source and target's split in progress).
+    type: list
+    elements: int
+  name:
+    description: Journal name; default C(split-<first>-<last>).
+    type: str
+  step:
+    description: The step to run; C(all) runs check, clone, replicate and cutover.
+    type: str
+    choices: [check, clone, replicate, cutover, cleanup, abort, all]
+    default: all
+  cleanup:
+    description: With I(step=all), also run C(cleanup) after the cutover.
+    type: bool
+    default: false
+  login_user:
+    description: Admin user on both pairs (the C(mysql) role's C(mysql_admin_user)).
+    type: str
+    default: shardfleet_admin
+  login_password:
+    description: Its password (from Ansible Vault).
+    type: str
+    default: ''
+  replication_user:
+    description: The user the target's master replicates from the source with.
+    type: str
+    default: shardfleet_repl
+  replication_password:
+    description: Its password (from Ansible Vault).
+    type: str
+    default: ''
+  app_user:
+    description: The application user that is fenced on the source and granted on the target.
+    type: str
+    default: shardfleet_app
+  app_host:
+    description: Host part of the application user's account.
+    type: str
+    default: "%"
+  catchup_timeout:
+    description: Seconds the replicate step waits for the target to catch up.
+    type: float
+    default: 600
+  cutover_timeout:
+    description: Seconds the cutover waits for the target to apply the fenced position.
+    type: float
+    default: 5
+  drain_timeout:
+    description: Seconds the cutover waits for writes already past the fence to finish.
+    type: float
+    default: 2
+  connect_timeout:
+    description: Seconds to wait for a MySQL connection.
+    type: float
+    default: 10
+attributes:
+  check_mode:
+    support: full
+    description: Runs the C(check) step and reports the steps that would run; changes nothing.
+  diff_mode:
+    support: full
+    description: The map before and after (one line per range).
+  idempotent:
+    support: full
+    description: A step that is done already reports no change.
+notes:
+  - Run it on a host that reaches both masters and ZooKeeper (split.yml uses the source master).
+  - MariaDB only (multi-source replication by connection name, snapshot GTID positions).
+  - The journal's C(frozen_seconds) is the write stall of the cutover (freeze to flip).
+"""
+
+EXAMPLES = r"""
+- name: Split the upper half of pair001's range onto pair003
+  shard_split:
+    zookeeper_hosts: [zk1:2181]
+    zookeeper_user: "{{ zookeeper_admin_user }}"
+    zookeeper_password: "{{ zookeeper_admin_password }}"
+    source: "10.0.0.11:3306"
+    target: "10.0.0.51:3306"
+    target_standby: "10.0.0.52:3306"
+    login_password: "{{ mysql_admin_password }}"
+    replication_password: "{{ mysql_replication_password }}"
+    step: all
+
+- name: Give up a split before its cutover
+  shard_split:
+    zookeeper_hosts: [zk1:2181]
+    source: "10.0.0.11:3306"
+    target: "10.0.0.51:3306"
+    range: [1024, 2047]
+    step: abort
+    login_password: "{{ mysql_admin_password }}"
+"""
+
+RETURN = r"""
+steps:
+  description: Each step run, with C(changed), C(msg), C(seconds) and its measurements.
+  returned: always
+  type: list
+  elements: dict
+moving:
+  description: The moving range, [first, last].
+  returned: always
+  type: list
+  elements: int
+journal:
+  description: The split's journal after the run (source, target, step reached, GTID positions,
+    timestamps, C(frozen_seconds)).
+  returned: always
+  type: dict
+map_before:
+  description: The map's ranges before the run, as a table.
+  returned: always
+  type: str
+map_after:
+  description: The map's ranges after the run, as a table.
+  returned: always
+  type: str
+changes:
+  description: Readable list of range changes.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.shardfleet_common import (
+    ShardfleetError,
+    require_library,
+    zookeeper_argument_spec,
+    zookeeper_store,
+)
+
+
+def run(module):
+    from shardfleet import split as sp
+    from shardfleet.shardmap import diff
+
+    p = module.params
+    if p["range"] is not None and len(p["range"]) != 2:
+        module.fail_json(msg=f"range must be [first, last], got {p['range']}")
+    store = zookeeper_store(module)
+    spec = sp.SplitSpec(p["source"], p["target"], p["target_standby"],
+                        tuple(p["range"]) if p["range"] else None, p["name"])
+    creds = sp.Credentials(p["login_user"], p["login_password"], p["replication_user"],
+                           p["replication_password"], p["app_user"], p["app_host"])
+    result = dict(changed=False, steps=[], moving=[], journal={})
+    try:
+        before = store.read().map
+        result["map_before"] = before.table() if before else ""
+        with sp.Split(store, spec, creds, catchup_timeout=p["catchup_timeout"],
+                      cutover_timeout=p["cutover_timeout"], drain_timeout=p["drain_timeout"],
+                      connect_timeout=p["connect_timeout"]) as split:
+            if module.check_mode:
+                res = [split.check()] if p["step"] != "abort" else []
+                status = split.status()
+                done = split.progress(status["journal"])
+                todo = _would_run(p["step"], p["cleanup"], done, sp.PROGRESS)
+                result["would_run"] = todo
+                result["changed"] = bool(todo)
+            else:
+                res = split.run(p["step"], cleanup=p["cleanup"])
+                result["changed"] = any(r.changed for r in res)
+            result["steps"] = [r.to_dict() for r in res]
+            result["moving"] = list(split.moving)
+            result["journal"] = (split.journal.load() if split.journal else None) or {}
+        after = store.read().map
+        result["map_after"] = after.table() if after else ""
+        result["changes"] = diff(before, after)
+        if module._diff:
+            result["diff"] = dict(before=result["map_before"] + "\n",
+                                  after=result["map_after"] + "\n")
+    except ShardfleetError as exc:
+        module.fail_json(msg=str(exc), **result)
+    except Exception as exc:  # a server error mid-way: one clear line
+        module.fail_json(msg=f"split {p['source']} -> {p['target']}: {exc}", **result)
+    finally:
+        store.close(timeout=2)
+    module.exit_json(**result)
+
+
+def _would_run(step, cleanup, done, progress):
+    if step == "abort":
+        return ["abort"] if done >= 0 and done < progress["cutover"] else []
+    if step == "check":
+        return []
+    wanted = ["clone", "replicate", "cutover"] + (["cleanup"] if cleanup else []) \
+        if step == "all" else [step]
+    return [s for s in wanted if done < progress[s]]
+
+
+def main():
+    spec = zookeeper_argument_spec()
+    spec.update(
+        source=dict(type="str", required=True),
+        target=dict(type="str", required=True),
+        target_standby=dict(type="str"),
+        range=dict(type="list", elements="int"),
+        name=dict(type="str"),
+        step=dict(type="str", default="all",
+                  choices=["check", "clone", "replicate", "cutover", "cleanup", "abort", "all"]),
+        cleanup=dict(type="bool", default=False),
+        login_user=dict(type="str", default="shardfleet_admin"),
+        login_password=dict(type="str", default="", no_log=True),
+        replication_user=dict(type="str", default="shardfleet_repl"),
+        replication_password=dict(type="str", default="", no_log=True),
+        app_user=dict(type="str", default="shardfleet_app"),
+        app_host=dict(type="str", default="%"),
+        catchup_timeout=dict(type="float", default=600),
+        cutover_timeout=dict(type="float", default=5),
+        drain_timeout=dict(type="float", default=2),
+        connect_timeout=dict(type="float", default=10),
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    require_library(module)
+    run(module)
+
+
+if __name__ == "__main__":
+    main()
