@@ -111,7 +111,7 @@ def test_app_user_writes_its_shards_on_the_master_only(
     master, standby = shards
     with mysql(fleet, master, "app") as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO db65000.e2e_rows (data) VALUES ('{}')")
-        cur.execute("UPDATE db65000.e2e_rows SET data = '{\"v\": 2}' WHERE local_id = %s",
+        cur.execute("UPDATE db65000.e2e_rows SET data = '{\"v\": 2}' WHERE id = %s",
                     (cur.lastrowid,))
         cur.execute("SELECT COUNT(*) AS n FROM db65000.e2e_rows")
         assert cur.fetchone()["n"] >= 2
