@@ -316,6 +316,25 @@ def test_planned_reports_errant_transaction(pair, zk_store):
     wait_applied(master, standby)
 
 
+def test_module_check_mode_and_refusal(pair, zk_store, zookeeper, tmp_path):
+    """shard_promote through ansible-playbook: check mode lists the plan and writes
+    nothing; a refusal fails with one line; the password never reaches the output."""
+    from .test_modules import run_module
+
+    master, standby = roles(pair)
+    args = {"zookeeper_hosts": [zookeeper.address], "cluster": zk_store.cluster,
+            "pair": PAIR, "nodes": nodes(pair), "login_user": "root",
+            "login_password": MariaDBServer.root_password}
+    v = zk_store.read().version
+    res, out = run_module(tmp_path, "shard_promote", args, check=True, diff=True)
+    assert res["changed"] and res["new_master"] == standby.address, res
+    assert "freeze (would)" in res["steps"] and res["diff"]["before"]
+    res, out2 = run_module(tmp_path, "shard_promote", {**args, "mode": "emergency"})
+    assert res["failed"] and "answers: use mode=planned" in res["msg"], res
+    assert MariaDBServer.root_password not in out + out2
+    assert zk_store.read().version == v and roles(pair) == (master, standby)
+
+
 # -- emergency -------------------------------------------------------------------------
 
 def test_emergency_check_mode_and_force(pair, zk_store):

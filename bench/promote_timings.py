@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Promotion timings on this machine (not a test): a real semi-sync master-master
+MariaDB pair and ZooKeeper as host processes, a writer through the routing library.
+
+* planned: the writer's longest stall during ``promote(mode="planned")``, over
+  several promotions back and forth (goal < 1 s);
+* emergency: SIGKILL the master, then the time from starting ``promote(mode=
+  "emergency")`` to the first acknowledged write on the new master (goal < 5 s),
+  followed by ``rebuild_standby`` (timed) so the pair is whole again.
+
+The container fleet's numbers (the playbooks, podman kill) come from
+tests/e2e/test_zz_promote.py, which prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from shardfleet import ids, promote  # noqa: E402
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore  # noqa: E402
+from shardfleet.router import Router  # noqa: E402
+from shardfleet.shardmap import ShardMap  # noqa: E402
+from shardfleet.store import Store  # noqa: E402
+from shardfleet.testing import MariaDBServer, ZooKeeperServer  # noqa: E402
+from tests.integration.conftest import APP_PASSWORD, APP_USER, make_shards  # noqa: E402
+from tests.integration.test_promote import (  # noqa: E402
+    REPL_PASSWORD,
+    REPL_USER,
+    Writer,
+    _start,
+    attach,
+    missing_ids,
+    roles,
+    wait_applied,
+)
+
+
+def setup(base: Path) -> list[MariaDBServer]:
+    a, b = _start(base, 1), _start(base, 2)
+    for s in (a, b):
+        conn = s.connect()
+        with conn.cursor() as c:
+            c.execute("SET sql_log_bin=0")
+            c.execute(f"CREATE USER '{REPL_USER}'@'%%' IDENTIFIED BY %s", (REPL_PASSWORD,))
+            c.execute(f"GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'%%'", ())
+            c.execute(f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))
+        conn.close()
+    attach(a, b)
+    attach(b, a)
+    make_shards(a, list(range(8)))
+    a.sql("SET GLOBAL read_only=OFF")
+    wait_applied(b, a)
+    return [a, b]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--planned", type=int, default=5, help="planned promotions (default 5)")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="sf-bench-promote-"))
+    zk = ZooKeeperServer(base).start()
+    pair = setup(base)
+    opts = promote.Options(user="root", password=MariaDBServer.root_password, connect_timeout=2)
+    store = ZooKeeperMapStore(zk.address, "bench")
+    master, standby = roles(pair)
+    store.write(ShardMap.from_ranges([{"range": [0, 7], "master": master.address,
+                                       "standby": standby.address, "state": "open"}],
+                                     mod_shard_count=8), NO_NODE)
+    router = Router(ZooKeeperMapStore(zk.address, "bench"), user=APP_USER,
+                    password=APP_PASSWORD, frozen_wait=10, connect_timeout=2, read_timeout=10)
+    st = Store(router)
+    nodes = [s.address for s in pair]
+    try:
+        stalls, frozen = [], []
+        w = Writer(st, max_seconds=300, near=ids.compose(0, 1, 1)).start()
+        w.wait_acks(200)
+        for _ in range(args.planned):
+            t0 = time.monotonic()
+            res = promote.promote(store, "pair001", nodes, mode="planned", opts=opts)
+            w.wait_acks(200)
+            stalls.append(w.longest_stall(since=t0 - 0.2))
+            frozen.append(res.timings["frozen_seconds"])
+        w.stop()
+        lost = sum(len(missing_ids(s.connect(), w.acked)) for s in roles(pair)[:1])
+        print(f"planned x{args.planned}: longest write stall max {max(stalls):.3f}s "
+              f"median {sorted(stalls)[len(stalls) // 2]:.3f}s (goal < 1 s); frozen "
+              f"max {max(frozen):.3f}s; {len(w.acked)} acked, {lost} lost")
+
+        master, standby = roles(pair)
+        w = Writer(st, max_seconds=120, near=ids.compose(0, 1, 1)).start()
+        w.wait_acks(200)
+        master.kill()
+        t0 = time.monotonic()
+        res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts)
+        t_done = time.monotonic()
+        w.wait_acks(200)
+        w.stop()
+        first = w.first_ack_after(t0)
+        lost = len(missing_ids(standby.connect(), w.acked))
+        print(f"emergency: promote() {t_done - t0:.3f}s; start -> first acknowledged write "
+              f"on the new master {(first or float('nan')) - t0:.3f}s (goal < 5 s); "
+              f"{len(w.acked)} acked, {lost} lost")
+        master.start()
+        t0 = time.monotonic()
+        promote.rebuild_standby(store, "pair001", nodes, opts=opts)
+        print(f"rebuild_standby (8 shards): {time.monotonic() - t0:.2f}s")
+    finally:
+        st.close()
+        router.close()
+        store.close()
+        for s in pair:
+            s.stop(remove=True)
+        zk.stop(remove=True)
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
