@@ -572,6 +572,13 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
         _semisync_warnings(res, mconn, why)
         replication.set_read_only(sconn, False)
         run.step("new_writable")
+        if res.semisync["standby"].get("master_enabled"):
+            # no standby can acknowledge: without this the first commit waits the whole
+            # rpl_semi_sync_master_timeout; rebuild_standby turns it on again
+            with sconn.cursor() as c:
+                c.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+            res.warnings.append(f"semi-sync is off on {new} until its standby is rebuilt "
+                                "(nothing can acknowledge): writes are asynchronous meanwhile")
         _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=True))
         run.step("flipped")
     finally:
@@ -740,6 +747,8 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
                 c.execute("SET GLOBAL gtid_slave_pos = %s",
                           (replication.gtid_position(nconn),))
                 c.execute(_channel_sql("START", mch))
+                if semisync_state(nconn)["replica_enabled"]:  # an emergency turned it off
+                    c.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
             replication.wait_for_gtid(nconn, replication.gtid_position(mconn),
                                       opts.catchup_timeout)
             run.step("replicating")

@@ -398,6 +398,8 @@ def test_emergency_kill_master_under_load(pair, zk_store, writer_store):
         assert missing_ids(conn, w.acked) == [], "rebuilt standby lacks acknowledged writes"
     finally:
         conn.close()
+    assert standby.sql("SELECT @@GLOBAL.rpl_semi_sync_master_enabled")[0][0] == 1, \
+        "semi-sync not back on the master after the rebuild"
     assert promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts()).changed is False
 
 
