@@ -127,11 +127,14 @@ class ZooKeeperMapStore:
         self._auth = auth
         self._read_acl_world = read_acl_world
         auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth else None
-        self.client = KazooClient(
-            hosts=hosts, timeout=max(timeout, 4.0), auth_data=auth_data,
-            connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
-            command_retry=KazooRetry(max_tries=2, max_delay=1.0),
-        )
+        try:
+            self.client = KazooClient(
+                hosts=hosts, timeout=max(timeout, 4.0), auth_data=auth_data,
+                connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
+                command_retry=KazooRetry(max_tries=2, max_delay=1.0),
+            )
+        except ValueError as exc:
+            raise MapError(f"invalid ZooKeeper hosts {hosts!r}: {exc}") from None
         self._start()
         # kazoo's own exit hook joins its worker threads, which wait forever on a
         # watch retrying against an absent ensemble; stopping the client first
