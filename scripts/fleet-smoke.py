@@ -10,8 +10,8 @@ Reads the connection profile playbooks/fleet-status.yml writes
 3. Redis refuses a client without the password and round-trips a key with it;
 4. memcached round-trips an item;
 5. the routing library writes an object and reads it back (shardfleet.store.Store
-   over shardfleet.router.Router) — once a shard map exists, i.e. once the
-   `shards` play of a later issue is in site.yml. Until then it says SKIP.
+   over shardfleet.router.Router, the map read from ZooKeeper), on a shard of an
+   open range, as the application user.
 
 Exit status 0 when every check that could run passed. Talks only to the fleet's
 own containers.
@@ -112,24 +112,17 @@ def cache_checks(p: dict[str, Any]) -> None:
 
 
 def router_roundtrip(p: dict[str, Any], cluster: str) -> None:
-    """Write an object through the routing library and read it back.
+    """Write an object through the routing library and read it back."""
+    from shardfleet import ids
+    from shardfleet.mapstore import ZooKeeperMapStore
+    from shardfleet.router import Router
+    from shardfleet.store import Store
 
-    TODO(library): finish once the shards role registers ranges in site.yml
-    (the map lives at <root>/<cluster>/map).
-    """
-    try:
-        from shardfleet.mapstore import ZooKeeperMapStore
-        from shardfleet.router import Router
-        from shardfleet.store import Store
-    except ImportError as exc:
-        print(f"  SKIP router round trip: routing library not importable ({exc})")
-        return
     zk = p["zookeeper"]
     mapstore = ZooKeeperMapStore(zk["hosts"], cluster, root=zk["root"])
     try:
         if mapstore.read().map is None:
-            print(f"  SKIP router round trip: no shard map at {mapstore.path} yet "
-                  "(the shards play of a later issue creates it)")
+            check("shard map registered", False, f"no map at {mapstore.path}")
             return
         router = Router(mapstore, user=p["mysql"]["app"]["user"],
                         password=p["mysql"]["app"]["password"])
@@ -138,7 +131,10 @@ def router_roundtrip(p: dict[str, Any], cluster: str) -> None:
             body = {"smoke": True, "at": time.time()}
             object_id = store.create("pin", body)
             got = store.get(object_id)
-            check(f"router round trip (object {object_id})", got.get("at") == body["at"], repr(got))
+            oid = ids.decompose(object_id)
+            check(f"router round trip (object {object_id}: shard {oid.shard}, pin, local ID "
+                  f"{oid.local}, on {router.range_for(oid.shard).master})",
+                  got.get("at") == body["at"], repr(got))
         finally:
             store.close()
     finally:
