@@ -1,10 +1,8 @@
 """The caches on the container fleet: site.yml's memcached and Redis in front of its shards.
 
-Uses the e2e tier's fleet (tests/e2e/conftest.py: fresh ``sfe2e-*`` containers
-with site.yml applied). Run it on its own, not beside another e2e session (the
-fleet's container names are fixed)::
-
-    .venv/bin/pytest -q -m e2e tests/e2e_cache
+Uses the e2e tier's session fleet (tests/e2e/conftest.py: fresh ``sfe2e-*``
+containers with site.yml applied); it stops the cache services for a moment and
+starts them again.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import Fleet, fleet  # noqa: F401 - the session fixture
+from tests.e2e.conftest import Fleet
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +22,7 @@ def _service(container: str, action: str, unit: str) -> None:
                    timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_caches_serve_the_fleet_and_a_stopped_cache_is_a_miss(fleet: Fleet) -> None:  # noqa: F811
+def test_caches_serve_the_fleet_and_a_stopped_cache_is_a_miss(fleet: Fleet) -> None:
     import redis
 
     from shardfleet.cache import MappingCache, ObjectCache, redis_options
