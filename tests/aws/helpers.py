@@ -132,12 +132,27 @@ def ansible_env(moto: Moto, **extra: str) -> dict[str, str]:
     return env
 
 
-def provision(moto: Moto, tmp_path: Path, extra_vars: dict[str, Any]) -> PlaybookRun:
-    """Run playbooks/provision-aws.yml against moto with the given extra vars."""
+def provision(
+    moto: Moto, tmp_path: Path, extra_vars: dict[str, Any], *, endpoint_from_env: bool = False
+) -> PlaybookRun:
+    """Run playbooks/provision-aws.yml against moto with the given extra vars.
+
+    Normally the test passes ``ec2_fleet_endpoint_url``. With ``endpoint_from_env`` it
+    runs the playbook as a real user would, with no endpoint variable at all, and lets
+    boto3's own endpoint resolution find moto through ``AWS_ENDPOINT_URL``; a proxy on
+    a closed local port catches any request that would still head for real AWS.
+    """
     vars_file = tmp_path / f"vars-{time.monotonic_ns()}.json"
-    vars_file.write_text(
-        json.dumps({**TEST_BASE_VARS, "ec2_fleet_endpoint_url": moto.url, **extra_vars})
-    )
+    endpoint = {} if endpoint_from_env else {"ec2_fleet_endpoint_url": moto.url}
+    vars_file.write_text(json.dumps({**TEST_BASE_VARS, **endpoint, **extra_vars}))
+    env = ansible_env(moto)
+    if endpoint_from_env:
+        env.update(
+            AWS_ENDPOINT_URL=moto.url,
+            HTTPS_PROXY="http://127.0.0.1:9",
+            HTTP_PROXY="http://127.0.0.1:9",
+            NO_PROXY="127.0.0.1",
+        )
     proc = subprocess.run(
         [
             str(BIN / "ansible-playbook"),
@@ -148,7 +163,7 @@ def provision(moto: Moto, tmp_path: Path, extra_vars: dict[str, Any]) -> Playboo
             f"@{vars_file}",
         ],
         cwd=REPO,
-        env=ansible_env(moto),
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,

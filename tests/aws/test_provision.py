@@ -7,6 +7,7 @@ first run -> rerun -> grow -> shrink (nothing terminated) -> terminate when aske
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ import pytest
 import yaml
 
 from tests.aws.helpers import (
+    BIN,
     MUTATING,
     REPO,
     Moto,
     PlaybookRun,
+    ansible_env,
     instances,
     inventory_list,
     provision,
@@ -231,8 +234,20 @@ def test_aws_ec2_inventory_groups_hosts_by_tag_like_the_local_inventory(
     for name, hv in hostvars.items():
         assert hv["ansible_host"] == live[name]["PublicIpAddress"], name
         assert hv["shardfleet_address"] == live[name]["PrivateIpAddress"], name
-    extra = set(data) - {"_meta", "all", "ungrouped", "aws_ec2", *hosts}
+    extra = set(data) - {"_meta", "all", "ungrouped", "aws_ec2", "fleet", *hosts}
     assert not extra, f"the aws inventory makes groups the local one lacks: {extra}"
+    # ZooKeeper ids follow the Name (zk2 -> 2) whatever order EC2 lists instances in.
+    ids = subprocess.run(
+        [str(BIN / "ansible"), "-i", str(inv), "zookeeper", "-o",
+         "-m", "ansible.builtin.debug", "-a", "var=zookeeper_id"],
+        cwd=REPO, env=ansible_env(moto_server, SHARDFLEET_CLUSTER=CLUSTER),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ids.returncode == 0, ids.stdout + ids.stderr
+    for i in (1, 2, 3):
+        assert re.search(rf"{CLUSTER}-zk{i} \| SUCCESS => .*\"zookeeper_id\": {i}\b", ids.stdout), (
+            f"zk{i} does not get zookeeper_id {i}:\n{ids.stdout}"
+        )
 
 
 def test_aws_inventory_matches_the_local_one_in_groups_hostvars_and_role_variables(
@@ -241,30 +256,45 @@ def test_aws_inventory_matches_the_local_one_in_groups_hostvars_and_role_variabl
     local = inventory_list(moto_server, REPO / "inventories" / "local", CLUSTER)
     aws = inventory_list(moto_server, write_test_inventory(moto_server, tmp_path / "inv"), CLUSTER)
 
+    def members(data: dict[str, Any], group: str) -> set[str]:
+        entry = data.get(group, {})
+        found = set(entry.get("hosts", []))
+        for child in entry.get("children", []):
+            found |= members(data, child)
+        return found
+
     def groups(data: dict[str, Any]) -> set[str]:
-        return {g for g, v in data.items() if isinstance(v, dict) and v.get("hosts")}
+        return {g for g in data if g not in ("_meta", "all") and members(data, g)}
 
     assert groups(aws) - {"aws_ec2"} == groups(local), "the two inventories group hosts differently"
+    assert members(aws, "fleet") == set(aws["_meta"]["hostvars"]), "fleet must hold every host"
     for data, where in ((local, "local"), (aws, "aws")):
-        for host in data["mysql"]["hosts"]:
+        for host in members(data, "mysql"):
             hv = data["_meta"]["hostvars"][host]
             assert re.fullmatch(r"pair\d{3}", str(hv.get("shardfleet_pair"))), f"{where} {host}"
             assert hv.get("shardfleet_side") in ("a", "b"), f"{where} {host}"
-    # Every variable the roles read from the local group_vars is set for AWS too;
-    # only the container plumbing of the local fleet is local-only.
-    local_vars = yaml.safe_load((REPO / "inventories/local/group_vars/all/main.yml").read_text())
-    aws_vars = yaml.safe_load((REPO / "inventories/aws/group_vars/all/main.yml").read_text())
-    local_only = {"ansible_connection"} | {
-        k for k in local_vars if re.match(r"shardfleet_(network|image|fleet_label)", k)
-    }
-    missing = set(local_vars) - local_only - set(aws_vars)
-    assert not missing, f"inventories/aws/group_vars lacks {sorted(missing)}"
+    # Every variable the local group_vars give the roles is set for AWS too, in the
+    # same group; only the container plumbing of the local fleet is local-only.
+    local_only = re.compile(r"^(ansible_connection|shardfleet_(network|image|fleet_label).*)$")
+    for local_dir in sorted((REPO / "inventories/local/group_vars").iterdir()):
+        local_vars: dict[str, Any] = {}
+        for f in sorted(local_dir.glob("*.yml")) if local_dir.is_dir() else [local_dir]:
+            if f.name != "vault.yml":
+                local_vars.update(yaml.safe_load(f.read_text()) or {})
+        aws_dir = REPO / "inventories/aws/group_vars" / local_dir.name
+        aws_vars: dict[str, Any] = {}
+        for f in sorted(aws_dir.glob("*.yml")) if aws_dir.is_dir() else [aws_dir]:
+            if f.exists():
+                aws_vars.update(yaml.safe_load(f.read_text()) or {})
+        missing = {k for k in local_vars if not local_only.match(k)} - set(aws_vars)
+        assert not missing, f"inventories/aws/group_vars/{local_dir.name} lacks {sorted(missing)}"
 
 
 def test_rerun_changes_nothing(moto_server: Moto, first_run: PlaybookRun, vars_dir: Path) -> None:
     before = {n: i["InstanceId"] for n, i in by_name(moto_server).items()}
     mark = moto_server.mark()
-    rerun = provision(moto_server, vars_dir, table(pairs=2)).check()
+    # Rerun as against real AWS: no endpoint variable, boto3 resolves the endpoint itself.
+    rerun = provision(moto_server, vars_dir, table(pairs=2), endpoint_from_env=True).check()
     assert rerun.changed == 0, f"a rerun changed {rerun.changed} tasks:\n{rerun.output[-6000:]}"
     assert {n: i["InstanceId"] for n, i in by_name(moto_server).items()} == before
     writes = [r["Action"] for r in moto_server.requests(mark) if MUTATING.match(r["Action"])]
