@@ -208,12 +208,7 @@ class Store:
         if self.object_cache is not None:
             return self._get_cached(object_id, include_inactive)
         oid = ids.decompose(object_id)
-        key = (oid.shard, oid.type)
-        sql = self._get_sql.get(key)
-        if sql is None:
-            table = f"`{shard_database(oid.shard)}`.`{self.schema.object_type(oid.type).table}`"
-            sql = self._get_sql[key] = f"SELECT body FROM {table} WHERE local_id=%s"
-        row = self._read_one(oid.shard, sql, (oid.local,))
+        row = self._read_one(oid.shard, self._body_sql(oid), (oid.local,))
         if row is None:
             raise ObjectNotFound(f"object {object_id} not found")
         body = json.loads(row[0])
@@ -228,12 +223,7 @@ class Store:
         oid = ids.decompose(object_id)
         raw: Any = oc.get(object_id)
         if raw is None:
-            key = (oid.shard, oid.type)
-            sql = self._get_sql.get(key)
-            if sql is None:
-                table = f"`{shard_database(oid.shard)}`.`{self.schema.object_type(oid.type).table}`"
-                sql = self._get_sql[key] = f"SELECT body FROM {table} WHERE local_id=%s"
-            row = self._read_one(oid.shard, sql, (oid.local,))
+            row = self._read_one(oid.shard, self._body_sql(oid), (oid.local,))
             if row is None:
                 raise ObjectNotFound(f"object {object_id} not found")
             raw = row[0]
@@ -242,6 +232,15 @@ class Store:
         if not include_inactive and body.get("active") is False:
             raise ObjectNotFound(f"object {object_id} was deleted")
         return body
+
+    def _body_sql(self, oid: ids.ObjectID) -> str:
+        """``SELECT body`` of one object's table, built once per (shard, type)."""
+        key = (oid.shard, oid.type)
+        sql = self._get_sql.get(key)
+        if sql is None:
+            table = f"`{shard_database(oid.shard)}`.`{self.schema.object_type(oid.type).table}`"
+            sql = self._get_sql[key] = f"SELECT body FROM {table} WHERE local_id=%s"
+        return sql
 
     def _read_one(self, shard: int, sql: str, params: tuple[Any, ...]) -> Any:
         """The hot path of a single-row read; any error falls back to :meth:`_on_master`."""
