@@ -2,13 +2,15 @@
 # Time a fresh `site.yml` and its idempotent rerun on containers of the bench's
 # own (sfbench-*, network shardfleet-bench on 10.242.2.0/24), so a developer's
 # `make fleet` is left alone. Not a test: it prints the times and the rerun's
-# changed count, then removes its containers (KEEP=1 keeps them).
+# changed count (and the tasks that changed), then removes its containers
+# (KEEP=1 keeps them). The playbook logs stay in .cache/bench/.
 #   bench/site_time.sh            # needs the image (make image) and the venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH" ANSIBLE_CONFIG="$PWD/ansible.cfg" ANSIBLE_NOCOLOR=1
 
 work="$(mktemp -d /tmp/shardfleet-bench.XXXXXX)"
+logs="$PWD/.cache/bench"; mkdir -p "$logs"
 cp -r inventories/local "$work/inventory"
 sed -e 's/ sf-/ sfbench-/g' -e 's/10\.242\.0\./10.242.2./g' inventories/local/hosts.yml >"$work/inventory/hosts.yml"
 cat >"$work/vars.yml" <<'VARS'
@@ -19,6 +21,7 @@ VARS
 play() { ansible-playbook -i "$work/inventory" -e "@$work/vars.yml" "playbooks/$1" >"$work/$1.$2.log" 2>&1; }
 cleanup() {
   [ "${KEEP:-0}" = 1 ] || play fleet-down.yml final || true
+  cp "$work"/*.log "$logs/" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -39,3 +42,7 @@ awk -v up="$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')" \
   printf "site.yml rerun            %6.1f s   (changed=%d over %d hosts)\n", rerun, changed, hosts
   printf "rerun / fresh             %6.2f\n", rerun / fresh
 }'
+if [ "$changed" != 0 ]; then
+  echo "tasks that changed on the rerun:"
+  awk '/^TASK \[/ { task = $0 } /^changed: / { print "  " task " -> " $2 }' "$work/site.yml.rerun.log" | sed 's/ \**//' | sort -u
+fi
