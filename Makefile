@@ -34,10 +34,11 @@ venv: $(STAMP)
 deps: host-deps venv
 
 lint: venv
-	$(BIN)/ruff check src tests bench plugins
+	$(BIN)/ruff check src tests bench plugins scripts
 	$(BIN)/mypy src/shardfleet
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
+	$(PY) scripts/role_vars.py
 
 unit: venv
 	$(PYTEST) -q -m "not integration and not e2e" tests/unit
