@@ -72,7 +72,7 @@ options:
   connect_timeout:
     description: Seconds to wait for a server to answer (an emergency tests the master with it).
     type: float
-    default: 3
+    default: 2
   catchup_timeout:
     description: Seconds the standby may take to catch up before anything is frozen.
     type: float
@@ -231,7 +231,7 @@ def main():
         force=dict(type="bool", default=False),
         login_user=dict(type="str", default="shardfleet_admin"),
         login_password=dict(type="str", default="", no_log=True),
-        connect_timeout=dict(type="float", default=3),
+        connect_timeout=dict(type="float", default=2),
         catchup_timeout=dict(type="float", default=30),
         drain_timeout=dict(type="float", default=10),
     )

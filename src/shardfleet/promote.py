@@ -78,7 +78,7 @@ class Options:
 
     user: str = "shardfleet_admin"
     password: str = ""
-    connect_timeout: float = 3.0
+    connect_timeout: float = 2.0
     catchup_timeout: float = 30.0   # standby catches up before anything is frozen
     drain_timeout: float = 10.0     # standby applies the fenced master's last position
     trx_timeout: float = 2.0        # open write transactions on the fenced master
@@ -493,6 +493,8 @@ def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: 
 
 
 def _applied_all_received(ch: dict[str, Any]) -> bool:
+    if "has read all relay log" in str(ch.get("Slave_SQL_Running_State") or ""):
+        return True  # every complete transaction received is applied
     return (ch.get("Master_Log_File") == ch.get("Relay_Master_Log_File")
             and int(ch.get("Read_Master_Log_Pos") or 0) == int(ch.get("Exec_Master_Log_Pos") or 0))
 
@@ -534,9 +536,12 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
         else:
             res.warnings.append(f"{old} did not answer ({why}); it boots read_only=ON, "
                                 "so it takes no writes when it comes back")
+        stopper = None
         if ch is not None:
-            with sconn.cursor() as c:
-                c.execute(_channel_sql("STOP", ch, "IO_THREAD"))
+            # The I/O thread may sit in connect() to the dead master for seconds, and
+            # STOP waits for it: stop it from a side connection while the relay log
+            # drains (a dead master sends nothing meanwhile; a forced one is fenced).
+            stopper = _stop_io_async(new, ch, opts)
             deadline = time.monotonic() + opts.drain_timeout
             while True:
                 ch = _channel(sconn) or {}
@@ -546,8 +551,9 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
                     raise PromotionFailed(
                         f"{new} did not apply its relay log within {opts.drain_timeout}s "
                         f"(ranges left frozen; rerun to continue): read "
-                        f"{ch.get('Read_Master_Log_Pos')} exec {ch.get('Exec_Master_Log_Pos')}")
-                time.sleep(0.02)
+                        f"{ch.get('Read_Master_Log_Pos')} exec {ch.get('Exec_Master_Log_Pos')} "
+                        f"({ch.get('Slave_SQL_Running_State')})")
+                time.sleep(0.01)
             if ch.get("Slave_SQL_Running") != "Yes" and not _applied_all_received(ch):
                 raise PromotionFailed(
                     f"{new}'s SQL thread stopped before applying its relay log "
@@ -555,7 +561,7 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
             received = str(ch.get("Gtid_IO_Pos") or "")
             res.gtid["received"] = received
             with sconn.cursor() as c:
-                c.execute(_channel_sql("STOP", ch))
+                c.execute(_channel_sql("STOP", ch, "SQL_THREAD"))
             run.step("drained", received=received)
         else:
             res.warnings.append(f"{new} has no replication channel from {old}")
@@ -581,9 +587,50 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
                                 "(nothing can acknowledge): writes are asynchronous meanwhile")
         _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=True))
         run.step("flipped")
+        if stopper is not None:
+            stopper.join(opts.drain_timeout)
+            if stopper.is_alive() or stopper.error:
+                res.warnings.append(f"{new}'s replication I/O thread from {old} did not stop "
+                                    f"({stopper.error or 'still waiting'}): run STOP SLAVE on "
+                                    f"{new} before {old} comes back")
+            else:
+                run.step("replication_stopped")
     finally:
         _close(mconn)
         _close(sconn)
+
+
+class _Stopper:
+    """``STOP SLAVE IO_THREAD`` on its own connection and thread."""
+
+    def __init__(self, server: str, ch: dict[str, Any], opts: Options) -> None:
+        import threading
+
+        self.error = ""
+        self._t = threading.Thread(target=self._run, args=(server, ch, opts), daemon=True,
+                                   name="shardfleet-stop-io")
+        self._t.start()
+
+    def _run(self, server: str, ch: dict[str, Any], opts: Options) -> None:
+        conn = None
+        try:
+            conn = _connect(server, opts)
+            with conn.cursor() as c:
+                c.execute(_channel_sql("STOP", ch, "IO_THREAD"))
+        except (DatabaseError, pymysql.err.MySQLError) as exc:
+            self.error = str(exc)
+        finally:
+            _close(conn)
+
+    def join(self, timeout: float) -> None:
+        self._t.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._t.is_alive()
+
+
+def _stop_io_async(server: str, ch: dict[str, Any], opts: Options) -> _Stopper:
+    return _Stopper(server, ch, opts)
 
 
 def _semisync_warnings(res: Result, mconn: Any, why: str) -> None:

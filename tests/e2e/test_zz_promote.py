@@ -150,6 +150,7 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
             w2.stop()
         first = w2.first_ack_after(t_start)
         assert first is not None
+        report += [ln.strip() for ln in em.output.splitlines() if "SECONDS FROM START" in ln]
         report.append(f"emergency: playbook {em.seconds:.1f}s, kill -> first acknowledged "
                       f"write on {old} {first - t_start:.2f}s, {len(w2.acked)} acked, "
                       f"{len(w2.errors)} errors")
