@@ -6,6 +6,10 @@ network ``shardfleet-e2e`` on 10.242.1.0/24, label ``shardfleet.fleet=e2e``.
 Containers from an earlier run are removed first (fresh containers), and again at
 the end unless SHARDFLEET_E2E_KEEP=1. SHARDFLEET_E2E_SKIP_TAGS (e.g. ``shards``)
 skips plays of site.yml by tag, to test the server roles alone.
+SHARDFLEET_E2E_ID / SHARDFLEET_E2E_OCTET (default ``e2e`` / ``1``) rename the fleet
+(``sf<ID>-*``, network ``shardfleet-<ID>`` on 10.242.<OCTET>.0/24) so a second run
+can go side by side with the first; tests that name ``sfe2e-*`` hosts themselves
+(test_zz_split.py) need the defaults.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCAL_INVENTORY = REPO / "inventories" / "local"
-PREFIX_FROM, PREFIX_TO = "sf-", "sfe2e-"
-NET_FROM, NET_TO = "10.242.0.", "10.242.1."
+E2E_ID = os.environ.get("SHARDFLEET_E2E_ID", "e2e")
+E2E_OCTET = int(os.environ.get("SHARDFLEET_E2E_OCTET", "1"))
+PREFIX_FROM, PREFIX_TO = "sf-", f"sf{E2E_ID}-"
+NET_FROM, NET_TO = "10.242.0.", f"10.242.{E2E_OCTET}."
 E2E_VARS = {
-    "shardfleet_network": "shardfleet-e2e",
-    "shardfleet_network_subnet": "10.242.1.0/24",
-    "shardfleet_fleet_label": "e2e",
+    "shardfleet_network": f"shardfleet-{E2E_ID}",
+    "shardfleet_network_subnet": f"10.242.{E2E_OCTET}.0/24",
+    "shardfleet_fleet_label": E2E_ID,
 }
 PLAYBOOK_TIMEOUT = 900  # seconds; a fresh site.yml takes about 90 s here
 
