@@ -31,34 +31,19 @@ from shardfleet.router import Router  # noqa: E402
 from shardfleet.shardmap import ShardMap  # noqa: E402
 from shardfleet.store import Store  # noqa: E402
 from shardfleet.testing import MariaDBServer, ZooKeeperServer  # noqa: E402
-from tests.integration.conftest import APP_PASSWORD, APP_USER, make_shards  # noqa: E402
+from tests.integration.conftest import APP_PASSWORD, APP_USER  # noqa: E402
 from tests.integration.test_promote import (  # noqa: E402
-    REPL_PASSWORD,
-    REPL_USER,
     Writer,
     _start,
-    attach,
+    _wire,
     missing_ids,
     roles,
-    wait_applied,
 )
 
 
 def setup(base: Path) -> list[MariaDBServer]:
     a, b = _start(base, 1), _start(base, 2)
-    for s in (a, b):
-        conn = s.connect()
-        with conn.cursor() as c:
-            c.execute("SET sql_log_bin=0")
-            c.execute(f"CREATE USER '{REPL_USER}'@'%%' IDENTIFIED BY %s", (REPL_PASSWORD,))
-            c.execute(f"GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'%%'", ())
-            c.execute(f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))
-        conn.close()
-    attach(a, b)
-    attach(b, a)
-    make_shards(a, list(range(8)))
-    a.sql("SET GLOBAL read_only=OFF")
-    wait_applied(b, a)
+    _wire(a, b)
     return [a, b]
 
 

@@ -135,7 +135,21 @@ def attach(replica: MariaDBServer, source: MariaDBServer, pos: str | None = None
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("promote")
-    a, b = _start(base, 1), _start(base, 2)
+    servers: list[MariaDBServer] = []
+    try:
+        servers += [_start(base, 1), _start(base, 2)]
+        _wire(*servers)
+    except BaseException:  # a failed setup never reaches the teardown below
+        for s in servers:
+            s.stop(remove=True)
+        raise
+    yield servers
+    for s in servers:
+        s.stop(remove=True)
+
+
+def _wire(a: MariaDBServer, b: MariaDBServer) -> None:
+    """Users, master-master GTID replication, the shards on *a*, *a* writable."""
     for s in (a, b):
         for stmt, args in (
                 (f"CREATE USER '{REPL_USER}'@'%%' IDENTIFIED BY %s", (REPL_PASSWORD,)),
@@ -151,9 +165,6 @@ def pair(tmp_path_factory):
     make_shards(a, SHARDS)
     a.sql("SET GLOBAL read_only=OFF")
     wait_applied(b, a)
-    yield [a, b]
-    for s in (a, b):
-        s.stop(remove=True)
 
 
 def wait_applied(replica: MariaDBServer, source: MariaDBServer, timeout: float = 30) -> None:
