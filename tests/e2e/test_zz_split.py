@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import BIN, REPO, Fleet
+from tests.e2e.conftest import BIN, NET_TO, PREFIX_TO, REPO, Fleet
 
 pytestmark = pytest.mark.e2e
-NEW = {"sfe2e-mysql003a": ("a", "10.242.1.61"), "sfe2e-mysql003b": ("b", "10.242.1.62")}
+NEW = {f"{PREFIX_TO}mysql003a": ("a", f"{NET_TO}61"), f"{PREFIX_TO}mysql003b": ("b", f"{NET_TO}62")}
 
 
 def _inventory_with_pair003(fleet: Fleet, dest: Path) -> Path:
@@ -80,7 +80,7 @@ def test_split_moves_half_of_pair001_onto_a_new_pair(fleet: Fleet, tmp_path: Pat
             store.close()
         assert m is not None
         moved = m.range_for(2047)
-        assert moved.master == f"{NEW['sfe2e-mysql003a'][1]}:3306", json.dumps(m.to_dict())
+        assert moved.master == f"{NEW[f'{PREFIX_TO}mysql003a'][1]}:3306", json.dumps(m.to_dict())
         assert moved.state == "open" and m.range_for(0).master != moved.master
     finally:
         subprocess.run(["podman", "rm", "-f", *NEW], check=False, capture_output=True)
