@@ -359,6 +359,10 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
         if rebuilding and not res.resumed:
             raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
                                    "standby to promote (playbooks/rebuild-standby.yml first)")
+        not_standby = [r for r in ranges if new not in (r.standby, r.master)]
+        if not_standby:
+            raise PromotionRefused(f"{new} is not the standby of {not_standby[0].describe()}: "
+                                   "it does not hold that range's data")
         # the journal starts when the first change does (a refusal leaves none)
         run.start = {"mode": mode, "pair": pair, "old_master": old, "new_master": new,
                      "ranges": res.ranges, "done": False, "step": "start",

@@ -310,6 +310,17 @@ def test_refusals_leave_everything_unchanged(pair, zk_store, zookeeper):
     assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None
 
 
+def test_refused_when_a_range_has_no_copy_on_the_standby(pair, zk_store):
+    master, standby = roles(pair)
+    cur = zk_store.read()
+    r0, r1 = cur.map.ranges
+    zk_store.write(ShardMap.from_ranges([r0, replace(r1, standby=None)], 8), cur.version)
+    v = zk_store.read().version
+    with pytest.raises(PromotionRefused, match="not the standby of"):
+        promote.promote(zk_store, PAIR, nodes(pair), opts=opts())
+    assert zk_store.read().version == v and roles(pair) == (master, standby)
+
+
 def test_planned_reports_errant_transaction(pair, zk_store):
     master, standby = roles(pair)
     # break standby -> master replication, write on the standby directly: errant

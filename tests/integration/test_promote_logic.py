@@ -55,3 +55,4 @@ def test_flip_swaps_unfreezes_and_marks_rebuild():
     assert "rebuild" not in planned.ranges[0].extra
     assert promote.ShardMap.from_ranges(  # round trip through JSON keeps the mark
         [r.to_dict() for r in flipped.ranges]) == flipped
+
