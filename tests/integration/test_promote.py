@@ -265,7 +265,7 @@ def test_planned_under_load_zero_loss_then_idempotent(pair, zk_store, writer_sto
             conn.close()
     stall = w.longest_stall(since=t0)
     print(f"\nplanned: {len(w.acked)} acked, longest stall {stall:.3f}s, "
-          f"frozen {res.timings.get('frozen_seconds')}s, errors {len(w.errors)}")
+          f"frozen {res.timings.get('frozen_seconds')}s, errors {len(w.errors)} {w.errors[:2]}")
     assert stall < 3.0, f"writer stalled {stall:.2f}s"
     # a rerun toward the same master changes nothing
     again = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
