@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from shardfleet.errors import MapConflictError, ShardfleetError
@@ -91,4 +91,22 @@ def pair_lock(store: ZooKeeperMapStore, name: str, *, timeout: float = 5.0,
             log.warning("could not release %s", path, exc_info=True)
 
 
-__all__ = ["Journal", "LockBusy", "MapConflictError", "pair_lock"]
+def server_lock_name(server: str) -> str:
+    """The lock every operation takes for a server it changes (``server-host:port``), so a
+    split and a promotion touching the same server exclude each other."""
+    return "server-" + server.replace("/", "_")
+
+
+@contextmanager
+def servers_lock(store: ZooKeeperMapStore, servers: list[str], *, timeout: float = 5.0,
+                 identifier: str = "") -> Iterator[None]:
+    """Hold the locks of every server in *servers* (taken in sorted order)."""
+    names = sorted({server_lock_name(s) for s in servers})
+    with ExitStack() as stack:
+        for name in names:
+            stack.enter_context(pair_lock(store, name, timeout=timeout, identifier=identifier))
+        yield
+
+
+__all__ = ["Journal", "LockBusy", "MapConflictError", "pair_lock", "server_lock_name",
+           "servers_lock"]

@@ -54,7 +54,7 @@ import pymysql
 from shardfleet import replication, shardmap, topology
 from shardfleet.errors import DatabaseError, MapConflictError, ShardfleetError
 from shardfleet.mapstore import ZooKeeperMapStore
-from shardfleet.ops import Journal, LockBusy, pair_lock
+from shardfleet.ops import Journal, LockBusy, server_lock_name, servers_lock
 from shardfleet.shardmap import ShardMap, ShardRange
 
 log = logging.getLogger(__name__)
@@ -285,17 +285,20 @@ class _Run:
 
 
 @contextmanager
-def _lock(store: ZooKeeperMapStore, pair: str, opts: Options, check: bool) -> Iterator[None]:
+def _lock(store: ZooKeeperMapStore, nodes: list[str], opts: Options, check: bool
+          ) -> Iterator[None]:
+    """The locks of both servers of the pair (a split of the pair takes one of them too)."""
     if check:  # check mode takes no lock but says when one is held
-        path = f"{store.root}/{store.cluster}/ops/locks/{pair}"
-        held = store.client.exists(path) and store.client.get_children(path)
-        if held:
-            raise PromotionRefused(f"another operation holds {path}; wait for it, "
-                                   "or check the journal")
+        for name in sorted({server_lock_name(n) for n in nodes}):
+            path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+            held = store.client.exists(path) and store.client.get_children(path)
+            if held:
+                raise PromotionRefused(f"another operation holds {path}; wait for it, "
+                                       "or check the journal")
         yield
         return
     try:
-        with pair_lock(store, pair, timeout=opts.lock_timeout, identifier="promote"):
+        with servers_lock(store, nodes, timeout=opts.lock_timeout, identifier="promote"):
             yield
     except LockBusy as exc:
         raise PromotionRefused(str(exc)) from None
@@ -323,7 +326,7 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
     if cur.map is None:
         raise PromotionRefused("there is no shard map in ZooKeeper")
     res.map_before = cur.map.table()
-    with _lock(store, pair, opts, check):
+    with _lock(store, nodes, opts, check):
         run = _Run(store, pair, res, check)
         journal = run.journal.load()
         if journal and not journal.get("done"):
@@ -737,7 +740,7 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     node = marked.pop()
     master = ranges[0].master
     res.old_master, res.new_master = node, master
-    with _lock(store, pair, opts, check):
+    with _lock(store, nodes, opts, check):
         run = _Run(store, pair, res, check)
         run.journal = Journal(store, f"rebuild-{pair}")
         run.journal.load()

@@ -52,7 +52,7 @@ from typing import Any
 from shardfleet import provision, replication, topology
 from shardfleet.errors import DatabaseError, MapConflictError, MapError, ShardfleetError
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
-from shardfleet.ops import Journal, pair_lock
+from shardfleet.ops import Journal, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff
 
@@ -208,9 +208,8 @@ class Split:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold both pairs' operation locks (one operation at a time per pair)."""
-        with pair_lock(self.store, _lock_name(self.spec.source), timeout=self.lock_timeout,
-                       identifier=f"split {self.spec.source} -> {self.spec.target}"), \
-                pair_lock(self.store, _lock_name(self.spec.target), timeout=self.lock_timeout,
+        with servers_lock(self.store, [self.spec.source, self.spec.target],
+                          timeout=self.lock_timeout,
                           identifier=f"split {self.spec.source} -> {self.spec.target}"):
             yield
 
@@ -885,9 +884,6 @@ def _few(names: Sequence[str], n: int = 4) -> str:
     names = list(names)
     return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
 
-
-def _lock_name(server: str) -> str:
-    return "server-" + server.replace("/", "_")
 
 
 __all__ = ["CutoverAborted", "Credentials", "NO_NODE", "Split", "SplitError", "SplitSpec",

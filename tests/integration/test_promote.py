@@ -296,8 +296,8 @@ def test_refusals_leave_everything_unchanged(pair, zk_store, zookeeper):
         promote.promote(zk_store, "pair404", ["127.0.0.1:1", "127.0.0.1:2"], opts=opts())
     with pytest.raises(PromotionRefused, match="not a server of pair"):
         promote.promote(zk_store, PAIR, nodes(pair), master="127.0.0.1:9", opts=opts())
-    # a second promotion while one holds the pair's lock
-    with ops.pair_lock(zk_store, PAIR):
+    # another operation (a split takes its source master's lock) holds one server of the pair
+    with ops.servers_lock(zk_store, [nodes(pair)[0]]):
         other = ZooKeeperMapStore(zookeeper.address, zk_store.cluster)
         try:
             with pytest.raises(PromotionRefused, match="another operation holds"):
