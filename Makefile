@@ -51,6 +51,10 @@ check: lint
 
 bench: deps
 	$(PY) bench/route_overhead.py
+	$(PY) bench/board_page.py
+	$(PY) bench/create_shards.py
+	$(PY) bench/split_cutover.py
+	$(PY) bench/promote_timings.py
 
 -include mk/*.mk
 

@@ -136,6 +136,9 @@ class Store:
 
     def _pick_shard(self) -> int:
         opened = self.router.map.open_ranges()
+        if not opened:  # an open range frozen by a promotion or split: writable_range waits
+            opened = [r for r in self.router.map.ranges
+                      if r.state == "frozen" and r.extra.get("frozen_from") == "open"]
         if not opened:
             raise NoOpenShardError("the map has no open range to place a new object in")
         total = sum(r.size for r in opened)

@@ -73,3 +73,14 @@ def test_frozen_write_proceeds_when_map_moves_on():
 
     threading.Thread(target=flip).start()
     assert r.writable_range(3).master == "e:1"
+
+
+def test_create_waits_for_a_frozen_open_range_instead_of_failing():
+    from shardfleet.store import Store
+
+    frozen = ShardMap.from_ranges([{"range": [0, 15], "master": "a:1", "state": "frozen",
+                                    "frozen_from": "open"},
+                                   {"range": [16, 31], "master": "c:1", "state": "closed"}])
+    s = Store(Router(MemoryMapStore(frozen)))
+    assert 0 <= s._pick_shard() <= 15
+    s.close()
