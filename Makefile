@@ -54,7 +54,7 @@ bench: deps
 	$(PY) bench/board_page.py
 	$(PY) bench/create_shards.py
 	$(PY) bench/split_cutover.py
-	$(PY) bench/promote_timings.py
+	$(PY) bench/promote.py
 
 -include mk/*.mk
 
