@@ -22,7 +22,6 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -85,29 +84,26 @@ class MappingPage:
 class Store:
     """Objects and mappings on the fleet, through a :class:`Router`.
 
-    ``schema`` defaults to the library's ``schema.yml``. ``max_workers`` (8)
-    bounds the threads that query several servers at once. ``object_cache``
+    ``schema`` defaults to the library's ``schema.yml``. ``object_cache``
     (a :class:`~shardfleet.cache.ObjectCache`, default None) and
     ``mapping_cache`` (a :class:`~shardfleet.cache.MappingCache`, default None)
     put memcache in front of object reads and Redis in front of mapping pages.
     """
 
     def __init__(self, router: Router, schema: Schema | None = None, *,
-                 max_workers: int = 8, rng: random.Random | None = None,
+                 rng: random.Random | None = None,
                  object_cache: ObjectCache | None = None,
                  mapping_cache: MappingCache | None = None) -> None:
         self.router = router
         self.object_cache = object_cache
         self.mapping_cache = mapping_cache
         self.schema = schema or default_schema()
-        self._pool = ThreadPoolExecutor(max_workers=max_workers,
-                                        thread_name_prefix="shardfleet-q")
         self._rng = rng or random.Random()
         # (shard, type) -> SELECT text; at most shards x types entries
         self._get_sql: dict[tuple[int, int], str] = {}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
+        """Nothing to release (connections belong to the router); kept for symmetry."""
 
     # -- plumbing --------------------------------------------------------
     def _on_master(self, shard: int, fn: Callable[[pymysql.connections.Connection], T], *,
@@ -161,8 +157,8 @@ class Store:
             by_server[server][(oid.shard, oid.type)].append(oid.local)
         return by_server
 
-    def _fetch_many(self, server: str, groups: dict[tuple[int, int], list[int]]) -> list[Any]:
-        """One statement on *server*: the UNION ALL of one SELECT per (shard, type)."""
+    def _many_sql(self, groups: dict[tuple[int, int], list[int]]) -> tuple[str, list[Any]]:
+        """The UNION ALL of one SELECT per (shard, type), and its parameters."""
         parts, params = [], []
         for (shard, type_), locals_ in groups.items():
             table = self.schema.object_type(type_).table
@@ -170,9 +166,38 @@ class Store:
             parts.append(f"SELECT %s, %s, local_id, body FROM "
                          f"`{shard_database(shard)}`.`{table}` WHERE local_id IN ({marks})")
             params.extend([shard, type_, *locals_])
-        with self.router.connection(server) as conn, conn.cursor() as cur:
-            cur.execute(" UNION ALL ".join(parts), params)
-            return list(cur.fetchall())
+        return " UNION ALL ".join(parts), params
+
+    def _fetch_many(self, jobs: list[tuple[str, dict[tuple[int, int], list[int]]]]
+                    ) -> list[Any]:
+        """One statement per server, pipelined: every server's query is sent before any
+        result is read, so the servers work at the same time without threads (a thread
+        hand-off costs more than it saves on a GIL-bound parse). Uses PyMySQL's
+        send/read halves of ``Connection.query``; a failure discards every connection
+        of the batch (their protocol state is unknown)."""
+        from pymysql.constants import COMMAND
+
+        taken: list[tuple[Any, Any]] = []
+        try:
+            for server, groups in jobs:
+                pool = self.router.pool(server)
+                conn = pool.get()
+                taken.append((pool, conn))
+                sql, params = self._many_sql(groups)
+                query = conn.cursor().mogrify(sql, params)
+                conn._execute_command(COMMAND.COM_QUERY,
+                                      query.encode(conn.encoding, "surrogateescape"))
+            rows: list[Any] = []
+            for _, conn in taken:
+                conn._affected_rows = conn._read_query_result()
+                rows.extend(conn._result.rows or ())
+        except BaseException:
+            for pool, conn in taken:
+                pool.discard(conn)
+            raise
+        for pool, conn in taken:
+            pool.put(conn)
+        return rows
 
     # -- objects ---------------------------------------------------------
     def create(self, type: str | int, body: Body, near: int | None = None) -> int:  # noqa: A002
@@ -302,16 +327,13 @@ class Store:
         return out
 
     def _fetch_raw(self, object_ids: Sequence[int]) -> dict[int, str]:
-        """``{id: raw JSON body}`` of the rows found, one statement per server, concurrently."""
+        """``{id: raw JSON body}`` of the rows found, one statement per server, pipelined."""
         by_server = self._group(object_ids)
         found: dict[int, str] = {}
         for attempt in (0, 1):
             jobs = list(by_server.items())
             try:
-                # all but the last server go to the pool; the calling thread takes the last
-                futures = [self._pool.submit(self._fetch_many, *j) for j in jobs[:-1]]
-                results = [self._fetch_many(*jobs[-1])] if jobs else []
-                results += [f.result() for f in futures]
+                results = [self._fetch_many(jobs)] if jobs else []
                 break
             except pymysql.err.MySQLError as exc:
                 errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
