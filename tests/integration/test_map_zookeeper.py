@@ -173,3 +173,30 @@ def test_schema_tables_exist_on_both_servers(mariadb_pair):
         n = server.sql("SELECT COUNT(*) FROM information_schema.TABLES "
                        "WHERE TABLE_SCHEMA REGEXP '^db[0-9]{5}$'")[0][0]
         assert n >= 16 * len(default_schema().tables)
+
+
+def test_get_many_refreshes_after_a_fence_and_retries(zookeeper, cluster, mariadb_pair):
+    a, b = mariadb_pair
+    make_shards(b, [6])  # shard 6 is "moved" from a to b, with its row
+    b.sql("INSERT INTO db00006.pins (body) VALUES ('{\"moved\": 1}')")
+    moved = ids.compose(6, 1, int(b.sql("SELECT MAX(local_id) FROM db00006.pins")[0][0]))
+    stale = Router(_NoWatchStore(zookeeper.address, cluster), user=APP_USER,
+                   password=APP_PASSWORD)
+    s = Store(stale)
+    other = s.create("pin", {"on": "b"}, near=ids.compose(20, 2, 1))
+    writer = ZooKeeperMapStore(zookeeper.address, cluster)
+    try:
+        v = writer.read()
+        r = v.map.range_for(6)
+        writer.write(v.map.replace_range(
+            r, r.__class__(0, 5, r.master), r.__class__(6, 6, b.address),
+            r.__class__(7, 15, r.master)), v.version)
+        a.sql(f"REVOKE SELECT, INSERT, UPDATE, DELETE ON `db00006`.* FROM '{APP_USER}'@'%'")
+        assert stale.range_for(6).master == a.address  # still stale
+        res = s.get_many([moved, other])  # a's refusal: refresh, regroup, one retry
+        assert res.bodies() == [{"moved": 1}, {"on": "b"}] and res.missing == []
+        assert stale.range_for(6).master == b.address
+    finally:
+        a.sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `db00006`.* TO '{APP_USER}'@'%'")
+        writer.close()
+        stale.close()
