@@ -62,6 +62,9 @@ STEPS = ("check", "clone", "replicate", "cutover", "cleanup")
 # Journal ``step`` values in the order a split reaches them ("aborted" restarts).
 PROGRESS = {"started": 0, "clone": 1, "replicate": 2, "cutover": 3, "cleanup": 4}
 WRITE_PRIVILEGES = ("Insert_priv", "Update_priv", "Delete_priv")
+#: InnoDB refreshes ``information_schema.INNODB_TRX`` only when it has not been read for
+#: 0.1 s (trx0i_s.cc); the drain reads it no more often than this.
+TRX_VIEW_PERIOD = 0.11
 
 
 class SplitError(ShardfleetError):
@@ -647,7 +650,7 @@ class Split:
                 cur.execute("FLUSH PRIVILEGES")
         return int(n)
 
-    def _drain(self, fenced_at: float) -> int:
+    def _drain(self, fenced_at: float) -> list[str]:
         """Wait (bounded) for the application's writes that may have passed the privilege check
         before the fence. Statements get a server-wide increasing query id when they start
         (before their privilege check), so with *q* = our own query id right after the fence:
@@ -657,31 +660,67 @@ class Split:
           holds locks while its thread ran nothing newer than *q*, is a pre-fence one.
 
         New statements on the moving shards are refused (1142), so once these end nothing
-        else can land there. Returns how many are still open when the wait ends."""
+        else can land there. Returns a description of each one still open when the wait
+        ends (empty: drained).
+
+        ``information_schema.INNODB_TRX`` is a cache that InnoDB refreshes only when nobody
+        has read it for 0.1 s, so it is read at most every :data:`TRX_VIEW_PERIOD` and a
+        reading counts only when it shows this connection's own transaction, begun after
+        the fence (proof that the view was refreshed after the fence)."""
         c = self.conn(self.spec.source)
+        deadline = fenced_at + self.drain_timeout
+        q: int | None = None
+        modifying: set[str] = set()
+        pending = ["InnoDB's transaction view (information_schema.INNODB_TRX) was not "
+                   "refreshed: another client reads it more often than every 0.1 s"]
+        while True:
+            snapshot = self._trx_view(c)
+            if snapshot is not None:
+                if not snapshot:
+                    return []
+                if q is None:
+                    q = int(snapshot[0][6])
+                    modifying = {str(r[3]) for r in snapshot
+                                 if r[3] is not None and int(r[4] or 0) > 0}
+                pending = []
+                for (cid, command, qid, trx, modified, locked, _, state, ms, info, trx_state,
+                     trx_started) in snapshot:
+                    old_stmt = int(qid or 0) <= q
+                    if (command == "Query" and old_stmt) or (trx is not None and (
+                            str(trx) in modifying
+                            or (old_stmt and (int(modified or 0) > 0 or int(locked or 0) > 0)))):
+                        pending.append(
+                            f"connection {cid} ({command}, {state or 'no state'}, "
+                            f"{float(ms or 0) / 1000:.1f} s, query id {qid} vs fence {q}; "
+                            f"transaction {trx} {trx_state or ''} since {trx_started}, "
+                            f"{modified} row(s) modified, {locked} locked; {info or 'idle'})")
+                if not pending:
+                    return []
+            if time.monotonic() + TRX_VIEW_PERIOD > deadline:
+                return pending
+            time.sleep(TRX_VIEW_PERIOD)
+
+    def _trx_view(self, c: Any) -> list[tuple[Any, ...]] | None:
+        """The application user's connections joined with their InnoDB transactions, or None
+        when InnoDB served a view older than this call (see :meth:`_drain`)."""
         sql = ("SELECT p.ID, p.COMMAND, p.QUERY_ID, t.trx_id, t.trx_rows_modified, "
                "t.trx_rows_locked, (SELECT QUERY_ID FROM information_schema.PROCESSLIST "
-               "WHERE ID = CONNECTION_ID()) FROM information_schema.PROCESSLIST p "
+               "WHERE ID = CONNECTION_ID()), p.STATE, p.TIME_MS, LEFT(p.INFO, 120), "
+               "t.trx_state, t.trx_started FROM information_schema.PROCESSLIST p "
                "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
                "WHERE p.USER = %s")
-        first = _rows(c, sql, (self.creds.app_user,))
-        if not first:
-            return 0
-        q = int(first[0][6])
-        modifying = {str(r[3]) for r in first if r[3] is not None and int(r[4] or 0) > 0}
-        deadline = fenced_at + self.drain_timeout
-        while True:
-            pending = 0
-            for _id, command, qid, trx, modified, locked, _ in _rows(c, sql,
-                                                                     (self.creds.app_user,)):
-                old_stmt = int(qid or 0) <= q
-                if (command == "Query" and old_stmt) or (trx is not None and (
-                        str(trx) in modifying
-                        or (old_stmt and (int(modified or 0) > 0 or int(locked or 0) > 0)))):
-                    pending += 1
-            if pending == 0 or time.monotonic() >= deadline:
-                return pending
-            time.sleep(0.003)
+        with c.cursor() as cur:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            try:
+                # both reads within 0.1 s see the same version of InnoDB's cache
+                cur.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                            "WHERE trx_mysql_thread_id = CONNECTION_ID()")
+                if not cur.fetchone()[0]:
+                    return None
+                cur.execute(sql, (self.creds.app_user,))
+                return list(cur.fetchall())
+            finally:
+                cur.execute("ROLLBACK")
 
     # -- cutover -------------------------------------------------------------
     def cutover(self) -> StepResult:
@@ -727,8 +766,9 @@ class Split:
             fenced_at = time.monotonic()
             left = self._drain(fenced_at)
             if left:
-                raise CutoverAborted(f"{left} write(s) on {self.spec.source} did not finish "
-                                     f"within {self.drain_timeout}s of the fence")
+                raise CutoverAborted(f"{len(left)} write(s) on {self.spec.source} did not "
+                                     f"finish within {self.drain_timeout}s of the fence: "
+                                     + "; ".join(left))
             pos = replication.gtid_position(self.conn(self.spec.source))  # after the fence
             waited = time.monotonic()
             try:
