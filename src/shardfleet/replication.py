@@ -77,18 +77,45 @@ def set_read_only(conn: Any, on: bool) -> bool:
     return True
 
 
-def open_write_transactions(conn: Any) -> int:
-    """Transactions that hold row locks or modified rows (what read_only waits on)."""
-    return int(topology.scalar(
-        conn, "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-              "WHERE trx_rows_modified > 0 OR trx_rows_locked > 0") or 0)
+#: InnoDB refreshes ``information_schema.INNODB_TRX`` only when nobody has read it for
+#: 0.1 s (trx0i_s.cc), so polling it faster keeps serving one old view; read it no more
+#: often than this.
+TRX_VIEW_PERIOD = 0.11
 
 
-def wait_no_write_transactions(conn: Any, timeout: float, poll: float = 0.02) -> int:
-    """Wait (bounded) until no write transaction is open; returns how many remain."""
+def innodb_trx_view(conn: Any, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:
+    """Rows of *sql* (a query over ``information_schema.INNODB_TRX``) from a view of InnoDB's
+    transactions taken after this call began, or None when InnoDB served an older one.
+
+    The call opens a transaction of its own first; a view that shows it is fresh. The second
+    read follows within 0.1 s, so it sees the same version of InnoDB's cache."""
+    with conn.cursor() as cur:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        try:
+            cur.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                        "WHERE trx_mysql_thread_id = CONNECTION_ID()")
+            if not cur.fetchone()[0]:
+                return None
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+        finally:
+            cur.execute("ROLLBACK")
+
+
+def open_write_transactions(conn: Any) -> int | None:
+    """Transactions that hold row locks or modified rows (what read_only waits on); None
+    when InnoDB's view of them was not refreshed (see :func:`innodb_trx_view`)."""
+    rows = innodb_trx_view(conn, "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                                 "WHERE trx_rows_modified > 0 OR trx_rows_locked > 0")
+    return None if rows is None else int(rows[0][0] or 0)
+
+
+def wait_no_write_transactions(conn: Any, timeout: float) -> int:
+    """Wait (bounded) until no write transaction is open; returns how many remain (-1: InnoDB's
+    view was never refreshed within the timeout)."""
     deadline = time.monotonic() + timeout
-    n = open_write_transactions(conn)
-    while n and time.monotonic() < deadline:
-        time.sleep(poll)
+    while True:
         n = open_write_transactions(conn)
-    return n
+        if n == 0 or time.monotonic() + TRX_VIEW_PERIOD > deadline:
+            return -1 if n is None else n
+        time.sleep(TRX_VIEW_PERIOD)

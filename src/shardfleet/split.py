@@ -62,9 +62,6 @@ STEPS = ("check", "clone", "replicate", "cutover", "cleanup")
 # Journal ``step`` values in the order a split reaches them ("aborted" restarts).
 PROGRESS = {"started": 0, "clone": 1, "replicate": 2, "cutover": 3, "cleanup": 4}
 WRITE_PRIVILEGES = ("Insert_priv", "Update_priv", "Delete_priv")
-#: InnoDB refreshes ``information_schema.INNODB_TRX`` only when it has not been read for
-#: 0.1 s (trx0i_s.cc); the drain reads it no more often than this.
-TRX_VIEW_PERIOD = 0.11
 
 
 class SplitError(ShardfleetError):
@@ -663,10 +660,15 @@ class Split:
         else can land there. Returns a description of each one still open when the wait
         ends (empty: drained).
 
-        ``information_schema.INNODB_TRX`` is a cache that InnoDB refreshes only when nobody
-        has read it for 0.1 s, so it is read at most every :data:`TRX_VIEW_PERIOD` and a
-        reading counts only when it shows this connection's own transaction, begun after
-        the fence (proof that the view was refreshed after the fence)."""
+        InnoDB's transaction view is read every ``replication.TRX_VIEW_PERIOD`` and a
+        reading counts only when it was refreshed after the fence
+        (:func:`replication.innodb_trx_view`)."""
+        sql = ("SELECT p.ID, p.COMMAND, p.QUERY_ID, t.trx_id, t.trx_rows_modified, "
+               "t.trx_rows_locked, (SELECT QUERY_ID FROM information_schema.PROCESSLIST "
+               "WHERE ID = CONNECTION_ID()), p.STATE, p.TIME_MS, LEFT(p.INFO, 120), "
+               "t.trx_state, t.trx_started FROM information_schema.PROCESSLIST p "
+               "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
+               "WHERE p.USER = %s")
         c = self.conn(self.spec.source)
         deadline = fenced_at + self.drain_timeout
         q: int | None = None
@@ -674,7 +676,7 @@ class Split:
         pending = ["InnoDB's transaction view (information_schema.INNODB_TRX) was not "
                    "refreshed: another client reads it more often than every 0.1 s"]
         while True:
-            snapshot = self._trx_view(c)
+            snapshot = replication.innodb_trx_view(c, sql, (self.creds.app_user,))
             if snapshot is not None:
                 if not snapshot:
                     return []
@@ -696,31 +698,9 @@ class Split:
                             f"{modified} row(s) modified, {locked} locked; {info or 'idle'})")
                 if not pending:
                     return []
-            if time.monotonic() + TRX_VIEW_PERIOD > deadline:
+            if time.monotonic() + replication.TRX_VIEW_PERIOD > deadline:
                 return pending
-            time.sleep(TRX_VIEW_PERIOD)
-
-    def _trx_view(self, c: Any) -> list[tuple[Any, ...]] | None:
-        """The application user's connections joined with their InnoDB transactions, or None
-        when InnoDB served a view older than this call (see :meth:`_drain`)."""
-        sql = ("SELECT p.ID, p.COMMAND, p.QUERY_ID, t.trx_id, t.trx_rows_modified, "
-               "t.trx_rows_locked, (SELECT QUERY_ID FROM information_schema.PROCESSLIST "
-               "WHERE ID = CONNECTION_ID()), p.STATE, p.TIME_MS, LEFT(p.INFO, 120), "
-               "t.trx_state, t.trx_started FROM information_schema.PROCESSLIST p "
-               "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
-               "WHERE p.USER = %s")
-        with c.cursor() as cur:
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            try:
-                # both reads within 0.1 s see the same version of InnoDB's cache
-                cur.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-                            "WHERE trx_mysql_thread_id = CONNECTION_ID()")
-                if not cur.fetchone()[0]:
-                    return None
-                cur.execute(sql, (self.creds.app_user,))
-                return list(cur.fetchall())
-            finally:
-                cur.execute("ROLLBACK")
+            time.sleep(replication.TRX_VIEW_PERIOD)
 
     # -- cutover -------------------------------------------------------------
     def cutover(self) -> StepResult:
