@@ -97,6 +97,13 @@ options:
     description: Seconds to wait for a MySQL connection.
     type: float
     default: 10
+  lock_timeout:
+    description:
+      - Seconds to wait for the source's and target's operation locks in ZooKeeper.
+      - A run that was killed holds them until its ZooKeeper session expires (about 5 s),
+        so a rerun right after a kill waits for them rather than failing.
+    type: float
+    default: 20
 attributes:
   check_mode:
     support: full
@@ -194,7 +201,8 @@ def run(module):
         result["map_before"] = before.table() if before else ""
         with sp.Split(store, spec, creds, catchup_timeout=p["catchup_timeout"],
                       cutover_timeout=p["cutover_timeout"], drain_timeout=p["drain_timeout"],
-                      connect_timeout=p["connect_timeout"]) as split:
+                      connect_timeout=p["connect_timeout"],
+                      lock_timeout=p["lock_timeout"]) as split:
             if module.check_mode:
                 res = [split.check()] if p["step"] != "abort" else []
                 status = split.status()
@@ -254,6 +262,7 @@ def main():
         cutover_timeout=dict(type="float", default=5),
         drain_timeout=dict(type="float", default=2),
         connect_timeout=dict(type="float", default=10),
+        lock_timeout=dict(type="float", default=20),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     require_library(module)

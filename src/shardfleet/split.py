@@ -619,7 +619,9 @@ class Split:
         if cur.bounds != self.moving or cur.state != "frozen":
             raise SplitError(f"range [{cur.first}, {cur.last}] is not this split's frozen range; "
                              "not flipping")
-        extra = {k: v for k, v in cur.extra.items() if k not in ("frozen_from", "split")}
+        # "rebuild" names a node of the source pair: it says nothing of the target pair
+        extra = {k: v for k, v in cur.extra.items()
+                 if k not in ("frozen_from", "split", "rebuild")}
         new = ShardRange(cur.first, cur.last, self.spec.target, self.spec.target_standby,
                          str(cur.extra.get("frozen_from", "open")), extra)
         return m.replace_range(cur, new)

@@ -8,8 +8,7 @@ the end unless SHARDFLEET_E2E_KEEP=1. SHARDFLEET_E2E_SKIP_TAGS (e.g. ``shards``)
 skips plays of site.yml by tag, to test the server roles alone.
 SHARDFLEET_E2E_ID / SHARDFLEET_E2E_OCTET (default ``e2e`` / ``1``) rename the fleet
 (``sf<ID>-*``, network ``shardfleet-<ID>`` on 10.242.<OCTET>.0/24) so a second run
-can go side by side with the first; tests that name ``sfe2e-*`` hosts themselves
-(test_zz_split.py) need the defaults.
+can go side by side with the first.
 """
 
 from __future__ import annotations

@@ -1,86 +1,349 @@
-"""split.yml on the e2e fleet: two more containers (pair003) get the mysql role, then
-pair001's upper half moves onto them; a rerun changes nothing. (Runs after the site tests:
-it changes the map.)"""
+"""split.yml and open-range.yml on the e2e fleet (the name sorts last: it changes the map,
+after the site and promotion tests). Six more containers get the mysql role: pair003,
+pair004 and pair005.
+
+1. Refusals through split.yml change nothing: a range pair001 does not own, a target
+   pair that is not empty.
+2. pair001's upper half moves onto pair003 under a live writer (threads on this host
+   using the routing library, logging every acknowledged write): no acknowledged write
+   lost, no row nobody acknowledged, nothing accepted by the old master after the flip,
+   no error and a wait under a second for the moving shards. --check and a rerun change
+   nothing.
+3. pair002's upper half moves onto pair004 under a writer, with split.yml killed
+   (SIGKILL of ansible-playbook and of the module's process in the container) as soon
+   as the journal records the clone, and again once it records the replicate step; the
+   reruns finish the split and the same checks hold. split_step=cleanup then drops the
+   moved shards from pair002.
+4. open-range.yml opens 4096..4111 on pair005 and closes the older ranges: new objects
+   land in the new range; older objects stay readable and writable; a rerun changes
+   nothing.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import pymysql
 import pytest
 import yaml
 
+from shardfleet import ids
+from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.router import Router
+from shardfleet.shardmap import ShardMap, ShardRange
+from shardfleet.split import PROGRESS, upper_half
+from shardfleet.store import Store
 from tests.e2e.conftest import BIN, NET_TO, PREFIX_TO, REPO, Fleet
+from tests.integration.test_split_support import Writer, WriterLog, check_writes
 
 pytestmark = pytest.mark.e2e
-NEW = {f"{PREFIX_TO}mysql003a": ("a", f"{NET_TO}61"), f"{PREFIX_TO}mysql003b": ("b", f"{NET_TO}62")}
+# host -> (pair, side, address)
+NEW = {f"{PREFIX_TO}mysql00{n}{side}": (f"pair00{n}", side, f"{NET_TO}{ip}")
+       for n, pair_ips in ((3, (61, 62)), (4, (63, 64)), (5, (65, 66)))
+       for side, ip in zip("ab", pair_ips, strict=True)}
 
 
-def _inventory_with_pair003(fleet: Fleet, dest: Path) -> Path:
-    text = (fleet.inventory / "hosts.yml").read_text()
-    inv = yaml.safe_load(text)
+@dataclass
+class Node:
+    """A fleet MySQL node as :func:`check_writes` wants it: an address and ``connect()``."""
+
+    address: str
+    password: str
+
+    def connect(self) -> pymysql.connections.Connection:
+        host, _, port = self.address.rpartition(":")
+        return pymysql.connect(host=host, port=int(port), user="shardfleet_admin",
+                               password=self.password, autocommit=True, connect_timeout=5)
+
+
+def _inventory_with_new_pairs(fleet: Fleet, dest: Path) -> Path:
+    inv = yaml.safe_load((fleet.inventory / "hosts.yml").read_text())
     mysql = inv["all"]["children"]["fleet"]["children"]["mysql"]["hosts"]
-    for host, (side, ip) in NEW.items():
-        mysql[host] = {"shardfleet_pair": "pair003", "shardfleet_side": side,
+    for host, (pair, side, ip) in NEW.items():
+        mysql[host] = {"shardfleet_pair": pair, "shardfleet_side": side,
                        "shardfleet_container_ip": ip}
-    import shutil
-
     shutil.copytree(fleet.inventory, dest)
     (dest / "hosts.yml").write_text(yaml.safe_dump(inv))
     return dest
 
 
+def _cmd(fleet: Fleet, inventory: Path, playbook: Path, *args: str) -> list[str]:
+    return [str(BIN / "ansible-playbook"), "-i", str(inventory), "-e", f"@{fleet.extra_vars}",
+            str(playbook), *args]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+
+
 def _play(fleet: Fleet, inventory: Path, playbook: Path, *args: str) -> tuple[int, str, float]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     t0 = time.monotonic()
-    p = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "-e",
-                        f"@{fleet.extra_vars}", str(playbook), *args], cwd=REPO, env=env,
+    p = subprocess.run(_cmd(fleet, inventory, playbook, *args), cwd=REPO, env=_env(),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
                        check=False)
     return p.returncode, p.stdout, time.monotonic() - t0
 
 
-def test_split_moves_half_of_pair001_onto_a_new_pair(fleet: Fleet, tmp_path: Path) -> None:
+def _recap_changed(out: str) -> int:
+    recap = out.split("PLAY RECAP")[-1]
+    return sum(int(x) for x in re.findall(r"changed=(\d+)", recap))
+
+
+def _kill_module(container: str) -> None:
+    """SIGKILL every python process in *container* (the module runs pipelined: python3)."""
+    script = ('for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
+              'case "$(cat $d/comm 2>/dev/null)" in python*) kill -9 "$p";; esac; done; true')
+    subprocess.run(["podman", "exec", container, "sh", "-c", script], check=False,
+                   capture_output=True, timeout=60)
+
+
+def _split_killed_after(fleet: Fleet, inventory: Path, args: list[str], store: ZooKeeperMapStore,
+                        journal: str, step: str, runner: str, log: Path) -> float:
+    """Run split.yml and kill it (and its module) once *journal* records *step*; returns
+    the seconds from the start to the kill."""
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        p = subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml", *args),
+                             cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            while True:
+                raw, _ = store.read_raw(journal)
+                done = PROGRESS.get(str(json.loads(raw).get("step")), -1) if raw else -1
+                if done >= PROGRESS[step]:
+                    break
+                if p.poll() is not None:
+                    raise AssertionError(f"split.yml ended (rc {p.returncode}) before the "
+                                         f"journal recorded {step}:\n{log.read_text()[-3000:]}")
+                assert time.monotonic() - t0 < 600, f"no {step} in the journal after 600 s"
+                time.sleep(0.05)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(60)
+            _kill_module(runner)
+    return time.monotonic() - t0
+
+
+def _pair_nodes(fleet: Fleet, pair: str) -> list[str]:
+    hosts = {h: v for h, v in fleet.hosts.items() if v["group"] == "mysql"}
+    hosts.update({h: {"shardfleet_pair": p, "shardfleet_container_ip": ip}
+                  for h, (p, _s, ip) in NEW.items()})
+    return sorted(f"{v['shardfleet_container_ip']}:3306" for v in hosts.values()
+                  if v["shardfleet_pair"] == pair)
+
+
+def _map(store: ZooKeeperMapStore) -> ShardMap:
+    m = store.read().map
+    assert m is not None, "no map in ZooKeeper"
+    return m
+
+
+def _range_of(m: ShardMap, nodes: list[str]) -> ShardRange:
+    mine = [r for r in m.ranges if r.master in nodes]
+    assert len(mine) == 1, [r.describe() for r in mine]
+    return mine[0]
+
+
+def _sample(r: ShardRange, moving: tuple[int, int]) -> list[int]:
+    """Shards the writer uses: four that stay and four that move."""
+    lo, hi = (r.first, moving[0] - 1), moving
+    return sorted({lo[0], lo[0] + 1, (lo[0] + lo[1]) // 2, lo[1],
+                   hi[0], hi[0] + 1, (hi[0] + hi[1]) // 2, hi[1]})
+
+
+@contextmanager
+def _writer(fleet: Fleet, zk: str, shards: list[int], *,
+            frozen_wait: float) -> Iterator[tuple[Store, Writer]]:
+    router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
+                    password=fleet.secrets["vault_mysql_app_password"], frozen_wait=frozen_wait,
+                    connect_timeout=2, read_timeout=10)
+    store = Store(router)
+    w = Writer(store, shards, threads=3, seconds=600, max_ops=20_000)
+    try:
+        yield store, w
+    finally:
+        w.stop()
+        store.close()
+        router.close()
+
+
+def _wait_ops(w: Writer, more: int, timeout: float = 60) -> None:
+    target = w.ops + more
+    deadline = time.monotonic() + timeout
+    while w.ops < target:
+        assert time.monotonic() < deadline, f"the writer stalled: {w.log.errors[-3:]}"
+        time.sleep(0.1)
+
+
+def _check(fleet: Fleet, store: ZooKeeperMapStore, log: WriterLog, shards: list[int],
+           moving: tuple[int, int], source: str, target: str, since: float) -> str:
+    m = _map(store)
+    nodes = {a: Node(a, fleet.secrets["vault_mysql_admin_password"]) for a in (source, target)}
+    check_writes(m, nodes, shards, log, moving, source, target)
+    moved = {s for s in shards if moving[0] <= s <= moving[1]}
+    errors = [e for e in log.errors if e[0] in moved]
+    assert not errors, f"the writer got errors on moving shards: {errors[:3]}"
+    return (f"{len(log.acked)} objects acked, {sum(log.created.values())} creates, "
+            f"longest wait on a moving shard {log.longest(moved, since):.3f}s, on others "
+            f"{log.longest(set(shards) - moved, since):.3f}s, {len(log.errors)} errors")
+
+
+def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; nothing to split"
-    inv = _inventory_with_pair003(fleet, tmp_path / "inventory")
+    inv = _inventory_with_new_pairs(fleet, tmp_path / "inventory")
+    zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
+    store = ZooKeeperMapStore(zk, "default")
+    split_pb = REPO / "playbooks" / "split.yml"
+    report: list[str] = []
     try:
         rc, out, t_up = _play(fleet, inv, REPO / "playbooks" / "fleet-up.yml")
-        assert rc == 0, f"fleet-up for pair003 failed:\n{out[-3000:]}"
-        pb = tmp_path / "pair003.yml"
+        assert rc == 0, f"fleet-up for the new pairs failed:\n{out[-3000:]}"
+        pb = tmp_path / "new-pairs.yml"
         pb.write_text(yaml.safe_dump([{
-            "name": "MySQL pair003 (the split's target)", "hosts": ",".join(NEW),
-            "become": False, "gather_subset": ["network"], "roles": [{"role": "mysql"}]}]))
+            "name": "MySQL pair003..pair005", "hosts": ",".join(NEW), "become": False,
+            "gather_subset": ["network"], "roles": [{"role": "mysql"}]}]))
         rc, out, t_mysql = _play(fleet, inv, pb)
-        assert rc == 0, f"the mysql role on pair003 failed:\n{out[-3000:]}"
-        rc, out, _ = _play(fleet, inv, REPO / "playbooks" / "split.yml", "--check",
-                           "-e", "split_source_pair=pair001", "-e", "split_target_pair=pair003")
-        assert rc == 0, f"split.yml --check failed:\n{out[-3000:]}"
-        rc, out, t_split = _play(fleet, inv, REPO / "playbooks" / "split.yml",
-                                 "-e", "split_source_pair=pair001",
-                                 "-e", "split_target_pair=pair003")
-        assert rc == 0, f"split.yml failed:\n{out[-4000:]}"
-        assert "write_stall_seconds" in out
-        rc, again, _ = _play(fleet, inv, REPO / "playbooks" / "split.yml",
-                             "-e", "split_source_pair=pair001",
-                             "-e", "split_target_pair=pair003")
-        assert rc == 0 and "changed=0" in again.split("PLAY RECAP")[-1], again[-3000:]
-        print(f"\ne2e split: pair003 up {t_up:.0f}s, mysql role {t_mysql:.0f}s, "
-              f"split.yml {t_split:.0f}s")
-        from shardfleet.mapstore import ZooKeeperMapStore
+        assert rc == 0, f"the mysql role on the new pairs failed:\n{out[-3000:]}"
+        report.append(f"6 containers up {t_up:.0f}s, mysql role {t_mysql:.0f}s")
 
-        zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
-        store = ZooKeeperMapStore(zk, "default")
+        # -- 1. refusals change nothing ---------------------------------------------
+        v0 = store.read().version
+        p2 = _range_of(_map(store), _pair_nodes(fleet, "pair002"))
+        rc, out, _ = _play(fleet, inv, split_pb, "-e", "split_source_pair=pair001",
+                           "-e", "split_target_pair=pair003",
+                           "-e", json.dumps({"split_range": [p2.first, p2.first + 9]}))
+        assert rc != 0 and "does not own shards" in out and "nothing changed" in out, out[-2000:]
+        stray = Node(_pair_nodes(fleet, "pair005")[0], fleet.secrets["vault_mysql_admin_password"])
+        c = stray.connect()
         try:
-            m = store.read().map
+            with c.cursor() as cur:
+                cur.execute("SET GLOBAL read_only = OFF")
+                cur.execute("CREATE DATABASE db01999")
+            rc, out, _ = _play(fleet, inv, split_pb, "-e", "split_source_pair=pair001",
+                               "-e", "split_target_pair=pair005")
+            assert rc != 0 and "is not empty" in out and "db01999" in out, out[-2000:]
+            with c.cursor() as cur:
+                cur.execute("DROP DATABASE db01999")
+                cur.execute("SET GLOBAL read_only = ON")
         finally:
-            store.close()
-        assert m is not None
-        moved = m.range_for(2047)
-        assert moved.master == f"{NEW[f'{PREFIX_TO}mysql003a'][1]}:3306", json.dumps(m.to_dict())
-        assert moved.state == "open" and m.range_for(0).master != moved.master
+            c.close()
+        assert store.read().version == v0, "a refused split changed the map"
+        assert not store.client.exists(f"{store.root}/default/ops/journal/split-"
+                                       f"{p2.first}-{p2.first + 9}")
+
+        # -- 2. pair001 -> pair003 under a writer -----------------------------------
+        src_nodes, tgt = _pair_nodes(fleet, "pair001"), _pair_nodes(fleet, "pair003")
+        r1 = _range_of(_map(store), src_nodes)
+        moving = upper_half(r1)
+        shards = _sample(r1, moving)
+        args = ["-e", "split_source_pair=pair001", "-e", "split_target_pair=pair003"]
+        with _writer(fleet, zk, shards, frozen_wait=15) as (_, w):
+            w.start()
+            _wait_ops(w, 200)
+            rc, out, _ = _play(fleet, inv, split_pb, "--check", *args)
+            assert rc == 0, f"split.yml --check failed:\n{out[-3000:]}"
+            assert store.read().version == v0, "split.yml --check changed the map"
+            t0 = time.monotonic()
+            rc, out, t_split = _play(fleet, inv, split_pb, *args)
+            assert rc == 0, f"split.yml failed:\n{out[-4000:]}"
+            _wait_ops(w, 200)
+        assert "write_stall_seconds" in out
+        j = json.loads(store.read_raw(f"{store.root}/default/ops/journal/"
+                                      f"split-{moving[0]}-{moving[1]}")[0] or b"{}")
+        assert j.get("step") == "cutover" and j["frozen_seconds"] < 1.0, j
+        m = _map(store)
+        moved = m.range_for(moving[0])
+        assert (moved.master, moved.standby) == (tgt[0], tgt[1]), moved.describe()
+        assert moved.bounds == moving and moved.state == r1.state and "rebuild" not in moved.extra
+        assert m.range_for(r1.first).master == r1.master
+        summary = _check(fleet, store, w.log, shards, moving, r1.master, tgt[0], t0)
+        assert w.log.longest({s for s in shards if s >= moving[0]}, t0) < 1.0, summary
+        report.append(f"split pair001 -> pair003 {t_split:.0f}s, stall "
+                      f"{j['frozen_seconds'] * 1000:.0f} ms (journal); {summary}")
+        rc, again, _ = _play(fleet, inv, split_pb, *args)
+        assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
+
+        # -- 3. pair002 -> pair004, killed at the step boundaries --------------------
+        src_nodes, tgt = _pair_nodes(fleet, "pair002"), _pair_nodes(fleet, "pair004")
+        r2 = _range_of(_map(store), src_nodes)
+        moving = upper_half(r2)
+        shards = _sample(r2, moving)
+        runner = next(h for h in fleet.group("mysql")
+                      if fleet.hosts[h]["shardfleet_pair"] == "pair002")
+        journal = f"{store.root}/default/ops/journal/split-{moving[0]}-{moving[1]}"
+        args = ["-e", "split_source_pair=pair002", "-e", "split_target_pair=pair004"]
+        with _writer(fleet, zk, shards, frozen_wait=60) as (_, w):
+            w.start()
+            _wait_ops(w, 200)
+            t0 = time.monotonic()
+            kills = []
+            for step in ("clone", "replicate"):
+                secs = _split_killed_after(fleet, inv, args, store, journal, step, runner,
+                                           tmp_path / f"split-killed-{step}.log")
+                kills.append(f"killed {secs:.0f}s after the start, once {step} was recorded")
+            rc, out, t_rest = _play(fleet, inv, split_pb, *args)
+            assert rc == 0, f"split.yml after the kills failed:\n{out[-4000:]}"
+            _wait_ops(w, 200)
+        j = json.loads(store.read_raw(journal)[0] or b"{}")
+        steps = [s["step"] for s in j["steps"]]
+        assert j["step"] == "cutover" and steps.count("clone") == 1, steps
+        assert _map(store).range_for(moving[0]).master == tgt[0]
+        summary = _check(fleet, store, w.log, shards, moving, r2.master, tgt[0], t0)
+        report.append(f"split pair002 -> pair004: {'; '.join(kills)}; the rerun finished in "
+                      f"{t_rest:.0f}s; {summary}")
+        rc, out, _ = _play(fleet, inv, split_pb, *args, "-e", "split_step=cleanup")
+        assert rc == 0, out[-3000:]
+        c = Node(r2.master, fleet.secrets["vault_mysql_admin_password"]).connect()
+        try:
+            with c.cursor() as cur:
+                cur.execute("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA "
+                            "WHERE SCHEMA_NAME LIKE 'db%'")
+                left = {r[0] for r in cur.fetchall()}
+        finally:
+            c.close()
+        assert f"db{moving[0]:05d}" not in left and f"db{r2.first:05d}" in left
+
+        # -- 4. open-range.yml: 4096..4111 on pair005 ----------------------------------
+        old_ids = list(w.log.acked)[:20]
+        open_args = ["-e", json.dumps({"open_range": [4096, 4111], "open_pairs": ["pair005"]}),
+                     "-e", "open_close_others=true"]
+        rc, out, t_open = _play(fleet, inv, REPO / "playbooks" / "open-range.yml", *open_args)
+        assert rc == 0, f"open-range.yml failed:\n{out[-4000:]}"
+        m = _map(store)
+        new = m.range_for(4096)
+        assert new.bounds == (4096, 4111) and new.state == "open"
+        assert new.master == _pair_nodes(fleet, "pair005")[0]
+        assert [r.bounds for r in m.open_ranges()] == [(4096, 4111)], m.table()
+        router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
+                        password=fleet.secrets["vault_mysql_app_password"])
+        app = Store(router)
+        try:
+            created = [app.create("pin", {"n": i}) for i in range(30)]
+            assert all(4096 <= ids.shard_of(i) <= 4111 for i in created), created
+            assert [app.get(i)["n"] for i in created] == list(range(30))
+            for i in old_ids:  # closed: still readable and writable
+                app.update(i, {"after_close": True})
+                assert app.get(i)["after_close"] is True
+        finally:
+            app.close()
+            router.close()
+        rc, again, _ = _play(fleet, inv, REPO / "playbooks" / "open-range.yml", *open_args)
+        assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
+        report.append(f"open-range.yml {t_open:.0f}s: 30 new objects in 4096..4111, "
+                      f"{len(old_ids)} older ones updated")
     finally:
+        print("\ne2e split: " + "\n  ".join(report))
+        store.close()
         subprocess.run(["podman", "rm", "-f", *NEW], check=False, capture_output=True)

@@ -245,18 +245,28 @@ def rows(server: MariaDBServer, shards: list[int]) -> dict[int, int]:
 
 def verify(fleet: SplitFleet, log: WriterLog, moving: tuple[int, int], *,
            source_copy: bool = True) -> None:
-    """Every acknowledged write is on the master the map names with its latest value; no
-    duplicates; the old master holds nothing the target lacks for the moved shards."""
-    m = fleet.map()
-    servers = {fleet.source.address: fleet.source, fleet.target.address: fleet.target}
-    moved = list(range(moving[0], moving[1] + 1))
+    """:func:`check_writes` over the test fleet's source range."""
+    check_writes(fleet.map(), {fleet.source.address: fleet.source,
+                               fleet.target.address: fleet.target},
+                 list(range(SOURCE_RANGE[0], SOURCE_RANGE[1] + 1)), log, moving,
+                 fleet.source.address, fleet.target.address, source_copy=source_copy)
+
+
+def check_writes(shard_map: ShardMap, servers: dict[str, Any], shards: list[int],
+                 log: WriterLog, moving: tuple[int, int], source: str, target: str, *,
+                 source_copy: bool = True) -> None:
+    """Every acknowledged write in *shards* is on the master the map names with its latest
+    value; no row nobody acknowledged beyond the failed creates; the old master holds
+    nothing the target lacks for the moved shards. *servers* maps an address to an object
+    with ``connect()`` (an admin connection)."""
+    moved = [s for s in shards if moving[0] <= s <= moving[1]]
     by_master: dict[str, list[int]] = defaultdict(list)
-    for s in range(SOURCE_RANGE[0], SOURCE_RANGE[1] + 1):
-        by_master[m.range_for(s).master].append(s)
-    assert set(by_master[fleet.target.address]) == set(moved), dict(by_master)
+    for s in shards:
+        by_master[shard_map.range_for(s).master].append(s)
+    assert set(by_master[target]) == set(moved), dict(by_master)
     live: dict[int, int] = {}
-    for master, shards in by_master.items():
-        live.update(rows(servers[master], shards))
+    for master, on_master in by_master.items():
+        live.update(rows(servers[master], on_master))
     lost = [i for i in log.acked if i not in live]
     assert not lost, f"{len(lost)} acknowledged object(s) missing, e.g. {lost[:5]}"
     stale = [(i, v, live[i]) for i, v in log.acked.items()
@@ -266,7 +276,7 @@ def verify(fleet: SplitFleet, log: WriterLog, moving: tuple[int, int], *,
     unacked_creates = len(log.errors)
     assert len(extra) <= unacked_creates, f"{len(extra)} rows no writer acknowledged: {extra[:5]}"
     if source_copy:
-        old = rows(fleet.source, moved)
+        old = rows(servers[source], moved)
         ahead = [(i, v, live.get(i)) for i, v in old.items() if live.get(i) is None
                  or live[i] < v]
         assert not ahead, f"the old master accepted writes for moved shards: {ahead[:5]}"
