@@ -11,8 +11,9 @@ pair004 and pair005.
    nothing.
 3. pair002's upper half moves onto pair004 under a writer, with split.yml killed
    (SIGKILL of ansible-playbook and of the module's process in the container) as soon
-   as the journal records the clone, and again once it records the replicate step; the
-   reruns finish the split and the same checks hold. split_step=cleanup then drops the
+   as the journal records the start (inside the clone), again once it records the
+   clone, and again once it records the replicate step; the reruns finish the split and
+   the same checks hold. split_step=cleanup then drops the
    moved shards from pair002.
 4. open-range.yml opens 4096..4111 on pair005 and closes the older ranges: new objects
    land in the new range; older objects stay readable and writable; a rerun changes
@@ -27,7 +28,9 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -170,7 +173,8 @@ def _writer(fleet: Fleet, zk: str, shards: list[int], *,
                     password=fleet.secrets["vault_mysql_app_password"], frozen_wait=frozen_wait,
                     connect_timeout=2, read_timeout=10)
     store = Store(router)
-    w = Writer(store, shards, threads=3, seconds=600, max_ops=20_000)
+    # ~100 operations a second per thread, for up to 10 minutes: through every split
+    w = Writer(store, shards, threads=3, seconds=600, max_ops=60_000, pause=0.01)
     try:
         yield store, w
     finally:
@@ -183,7 +187,14 @@ def _wait_ops(w: Writer, more: int, timeout: float = 60) -> None:
     target = w.ops + more
     deadline = time.monotonic() + timeout
     while w.ops < target:
-        assert time.monotonic() < deadline, f"the writer stalled: {w.log.errors[-3:]}"
+        if time.monotonic() > deadline:
+            frames = sys._current_frames()
+            stacks = "\n".join(
+                f"{t.name} alive={t.is_alive()}:\n"
+                + "".join(traceback.format_stack(frames[t.ident])[-6:])
+                for t in w._workers if t.ident in frames)
+            raise AssertionError(f"the writer made {w.ops} writes, not {target}; errors "
+                                 f"{w.log.errors[-3:]}; its threads:\n{stacks}")
         time.sleep(0.1)
 
 
@@ -195,7 +206,7 @@ def _check(fleet: Fleet, store: ZooKeeperMapStore, log: WriterLog, shards: list[
     moved = {s for s in shards if moving[0] <= s <= moving[1]}
     errors = [e for e in log.errors if e[0] in moved]
     assert not errors, f"the writer got errors on moving shards: {errors[:3]}"
-    return (f"{len(log.acked)} objects acked, {sum(log.created.values())} creates, "
+    return (f"{len(log.latencies)} writes acknowledged on {len(log.acked)} objects, "
             f"longest wait on a moving shard {log.longest(moved, since):.3f}s, on others "
             f"{log.longest(set(shards) - moved, since):.3f}s, {len(log.errors)} errors")
 
@@ -289,7 +300,7 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
             _wait_ops(w, 200)
             t0 = time.monotonic()
             kills = []
-            for step in ("clone", "replicate"):
+            for step in ("started", "clone", "replicate"):
                 secs = _split_killed_after(fleet, inv, args, store, journal, step, runner,
                                            tmp_path / f"split-killed-{step}.log")
                 kills.append(f"killed {secs:.0f}s after the start, once {step} was recorded")

@@ -157,12 +157,15 @@ class WriterLog:
 
 class Writer:
     """Threads creating and updating pins across *shards* through the routing library, for at
-    most *seconds* and *max_ops* operations each, logging every acknowledged write."""
+    most *seconds* and *max_ops* operations each (*pause* seconds apart), logging every
+    acknowledged write."""
 
     def __init__(self, store: Store, shards: list[int], *, threads: int = 3,
-                 seconds: float = 60.0, max_ops: int = 20_000, seed: int = 7) -> None:
+                 seconds: float = 60.0, max_ops: int = 20_000, seed: int = 7,
+                 pause: float = 0.0) -> None:
         self.store, self.shards = store, shards
         self.threads, self.seconds, self.max_ops = threads, seconds, max_ops
+        self.pause = pause  # seconds each thread sleeps between operations
         self.log = WriterLog()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -188,7 +191,7 @@ class Writer:
         mine: list[int] = []
         deadline = time.monotonic() + self.seconds
         for _ in range(self.max_ops):
-            if self._stop.is_set() or time.monotonic() > deadline:
+            if self._stop.wait(self.pause) or time.monotonic() > deadline:
                 return
             shard = rng.choice(self.shards)
             start = time.monotonic()
