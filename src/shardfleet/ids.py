@@ -95,6 +95,14 @@ def decompose(object_id: int) -> ObjectID:
     return ObjectID((v & SHARD_MASK) >> SHARD_SHIFT, (v & TYPE_MASK) >> TYPE_SHIFT, local)
 
 
+def base(shard: int, type: int) -> int:  # noqa: A002 - the post's word
+    """The ID of *shard* and *type* with local ID 0, so that ``base + local`` is the ID of
+    each local ID (what a query adds to ``local_id`` to return whole IDs)."""
+    s = _check_field("shard", shard, 0, MAX_SHARD)
+    t = _check_field("type", type, 0, MAX_TYPE)
+    return (s << SHARD_SHIFT) | (t << TYPE_SHIFT)
+
+
 def shard_of(object_id: int) -> int:
     """The shard an ID lives on (validates the whole ID)."""
     return decompose(object_id).shard

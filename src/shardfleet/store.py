@@ -150,23 +150,30 @@ class Store:
         """``{master: {(shard, type): [local, ...]}}`` under the current map."""
         by_server: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(
             lambda: defaultdict(list))
+        m = self.router.map
+        groups: dict[tuple[int, int], list[int]] = {}  # (shard, type) -> the server's list
         for object_id in object_ids:
-            oid = ids.decompose(object_id)
-            self.schema.object_type(oid.type)
-            server = self.router.range_for(oid.shard).master
-            by_server[server][(oid.shard, oid.type)].append(oid.local)
+            shard, type_, local = ids.decompose(object_id)
+            key = (shard, type_)
+            locals_ = groups.get(key)
+            if locals_ is None:
+                self.schema.object_type(type_)
+                locals_ = groups[key] = by_server[m.range_for(shard).master][key]
+            locals_.append(local)
         return by_server
 
-    def _many_sql(self, groups: dict[tuple[int, int], list[int]]) -> tuple[str, list[Any]]:
-        """The UNION ALL of one SELECT per (shard, type), and its parameters."""
-        parts, params = [], []
+    def _many_sql(self, groups: dict[tuple[int, int], list[int]]) -> str:
+        """The UNION ALL of one SELECT per (shard, type) of ``(ID, body)``. Every value is an
+        int that :func:`ids.decompose` produced, written as a literal (nothing to escape;
+        escaping ~60 parameters cost a fifth of a 50-ID fetch)."""
+        parts = []
         for (shard, type_), locals_ in groups.items():
             table = self.schema.object_type(type_).table
-            marks = ",".join(["%s"] * len(locals_))
-            parts.append(f"SELECT %s, %s, local_id, body FROM "
-                         f"`{shard_database(shard)}`.`{table}` WHERE local_id IN ({marks})")
-            params.extend([shard, type_, *locals_])
-        return " UNION ALL ".join(parts), params
+            # the server returns whole IDs: base + local_id
+            parts.append(f"SELECT {ids.base(shard, type_):d} + local_id, body FROM "
+                         f"`{shard_database(shard)}`.`{table}` WHERE local_id IN "
+                         f"({','.join(map(str, locals_))})")
+        return " UNION ALL ".join(parts)
 
     def _fetch_many(self, jobs: list[tuple[str, dict[tuple[int, int], list[int]]]]
                     ) -> list[Any]:
@@ -183,10 +190,8 @@ class Store:
                 pool = self.router.pool(server)
                 conn = pool.get()
                 taken.append((pool, conn))
-                sql, params = self._many_sql(groups)
-                query = conn.cursor().mogrify(sql, params)
                 conn._execute_command(COMMAND.COM_QUERY,
-                                      query.encode(conn.encoding, "surrogateescape"))
+                                      self._many_sql(groups).encode("ascii"))
             rows: list[Any] = []
             for _, conn in taken:
                 conn._affected_rows = conn._read_query_result()
@@ -343,8 +348,7 @@ class Store:
                 self.router.refresh()
                 by_server = self._group(object_ids)
         for rows in results:
-            for shard, type_, local, body in rows:
-                found[ids.compose(int(shard), int(type_), int(local))] = body
+            found.update(rows)
         return found
 
     def update(self, object_id: int, changes: Updater) -> Body:

@@ -22,6 +22,14 @@ def test_post_vectors_decompose(value, shard, type_, local):
 @pytest.mark.parametrize("value,shard,type_,local", POST_VECTORS)
 def test_post_vectors_compose(value, shard, type_, local):
     assert ids.compose(shard, type_, local) == value
+    assert ids.base(shard, type_) + local == value
+
+
+def test_base_checks_its_parts():
+    with pytest.raises(InvalidIDError, match="shard"):
+        ids.base(ids.MAX_SHARD + 1, 1)
+    with pytest.raises(InvalidIDError, match="type"):
+        ids.base(1, -1)
 
 
 def test_layout_constants_are_derived():
@@ -44,6 +52,7 @@ def test_round_trip_every_valid_part(shard, type_, local):
     assert 0 < value < 1 << 62
     assert ids.decompose(value) == (shard, type_, local)
     assert ids.parse(str(value)) == value
+    assert ids.base(shard, type_) + local == value
 
 
 @MANY
