@@ -114,7 +114,7 @@ def test_split_under_live_writes_loses_nothing(fleet, tmp_path):
         assert not sp.run("cleanup")[-1].changed
 
 
-@pytest.mark.parametrize("fail_after", ["clone", "replicate"])
+@pytest.mark.parametrize("fail_after", ["check", "clone", "replicate", "cutover"])
 def test_resume_after_failure_at_a_step_boundary(fleet, tmp_path, fail_after):
     class Boom(Exception):
         pass
@@ -130,13 +130,42 @@ def test_resume_after_failure_at_a_step_boundary(fleet, tmp_path, fail_after):
 
     def second_run():
         with fleet.split() as sp:
-            res = sp.run("all")
-        assert [r.step for r in res if r.changed][-1] == "cutover"
+            res = sp.run("all", cleanup=fail_after == "cutover")
+        # the rerun does what was left: up to the cutover, or the cleanup after it
+        want = "cleanup" if fail_after == "cutover" else "cutover"
+        assert [r.step for r in res if r.changed][-1] == want, [r.to_dict() for r in res]
 
     log = run_split_under_writer(fleet, tmp_path, [first_run, second_run])
     assert fleet.map().range_for(MOVING[0]).master == fleet.target.address
     assert not [e for e in log.errors if MOVING[0] <= e[0] <= MOVING[1]]
-    verify(fleet, log, MOVING)
+    verify(fleet, log, MOVING, source_copy=fail_after != "cutover")  # cleanup dropped it
+
+
+def test_resume_after_a_crash_between_the_flip_and_the_journal(fleet):
+    """A run dies right after it wrote the flipped map, before it removed the split's
+    replication and journaled the cutover; the rerun sees the flip and finishes."""
+    class Killed(Exception):
+        pass
+
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+
+        def killed() -> bool:
+            raise Killed("after the flip")
+
+        sp._remove_channel = killed  # type: ignore[method-assign]
+        with pytest.raises(Killed):
+            sp.run("cutover")
+    assert fleet.map().range_for(MOVING[0]).master == fleet.target.address
+    with fleet.split() as sp:
+        assert sp.resolve()["step"] == "replicate"
+        res = sp.run("all")
+        assert sp.journal is not None and sp.journal.data is not None
+        assert sp.journal.data["step"] == "cutover"
+    assert res[-1].step == "cutover" and res[-1].changed and "had been flipped" in res[-1].msg
+    slaves = fleet.target.sql("SHOW ALL SLAVES STATUS")
+    assert not [r for r in slaves if r[0]], "the split's replication connection is left"
 
 
 def test_resume_after_a_crash_inside_the_cutover(fleet, tmp_path):
