@@ -149,6 +149,7 @@ class WriterLog:
     errors: list[tuple[int, str]] = field(default_factory=list)  # (shard, error)
     latencies: list[tuple[float, float, int]] = field(default_factory=list)  # start, secs, shard
     created: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # shard -> n
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # in every body it writes
 
     def longest(self, shards: set[int] | None = None, since: float = 0.0) -> float:
         xs = [d for t, d, s in self.latencies if t >= since and (shards is None or s in shards)]
@@ -212,7 +213,7 @@ class Writer:
                     self.log.uncertain[oid].discard(v)
             else:
                 try:
-                    oid = self.store.create(PIN, {"v": 0, "w": n},
+                    oid = self.store.create(PIN, {"v": 0, "w": n, "tag": self.log.tag},
                                             near=ids.compose(shard, PIN, 1))
                 except Exception as exc:  # noqa: BLE001
                     with self._lock:
@@ -227,16 +228,19 @@ class Writer:
                 self.ops += 1
 
 
-def rows(server: MariaDBServer, shards: list[int]) -> dict[int, int]:
-    """{object id: body version} of every pin on *server* in *shards*."""
+def rows(server: MariaDBServer, shards: list[int], tag: str | None = None) -> dict[int, int]:
+    """{object id: body version} of every pin on *server* in *shards* (only those a writer
+    tagged *tag* when given: other pins may share the shards)."""
     out: dict[int, int] = {}
+    where = "" if tag is None else " WHERE JSON_VALUE(body, '$.tag') = %s"
     conn = server.connect()
     try:
         with conn.cursor() as cur:
             for s in shards:
                 try:
                     cur.execute(f"SELECT local_id, JSON_VALUE(body, '$.v') "
-                                f"FROM `{shard_database(s)}`.`pins`")
+                                f"FROM `{shard_database(s)}`.`pins`{where}",
+                                None if tag is None else (tag,))
                 except pymysql.err.ProgrammingError:
                     continue  # no such database
                 for local, v in cur.fetchall():
@@ -260,7 +264,8 @@ def check_writes(shard_map: ShardMap, servers: dict[str, Any], shards: list[int]
                  source_copy: bool = True) -> None:
     """Every acknowledged write in *shards* is on the master the map names with its latest
     value; no row nobody acknowledged beyond the failed creates; the old master holds
-    nothing the target lacks for the moved shards. *servers* maps an address to an object
+    nothing the target lacks for the moved shards. Only the writer's own rows count
+    (its tag). *servers* maps an address to an object
     with ``connect()`` (an admin connection)."""
     moved = [s for s in shards if moving[0] <= s <= moving[1]]
     by_master: dict[str, list[int]] = defaultdict(list)
@@ -269,7 +274,7 @@ def check_writes(shard_map: ShardMap, servers: dict[str, Any], shards: list[int]
     assert set(by_master[target]) == set(moved), dict(by_master)
     live: dict[int, int] = {}
     for master, on_master in by_master.items():
-        live.update(rows(servers[master], on_master))
+        live.update(rows(servers[master], on_master, log.tag))
     lost = [i for i in log.acked if i not in live]
     assert not lost, f"{len(lost)} acknowledged object(s) missing, e.g. {lost[:5]}"
     stale = [(i, v, live[i]) for i, v in log.acked.items()
@@ -279,7 +284,7 @@ def check_writes(shard_map: ShardMap, servers: dict[str, Any], shards: list[int]
     unacked_creates = len(log.errors)
     assert len(extra) <= unacked_creates, f"{len(extra)} rows no writer acknowledged: {extra[:5]}"
     if source_copy:
-        old = rows(servers[source], moved)
+        old = rows(servers[source], moved, log.tag)
         ahead = [(i, v, live.get(i)) for i, v in old.items() if live.get(i) is None
                  or live[i] < v]
         assert not ahead, f"the old master accepted writes for moved shards: {ahead[:5]}"
