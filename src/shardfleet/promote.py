@@ -548,7 +548,7 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
             # The I/O thread may sit in connect() to the dead master for seconds, and
             # STOP waits for it: stop it from a side connection while the relay log
             # drains (a dead master sends nothing meanwhile; a forced one is fenced).
-            stopper = _stop_io_async(new, ch, opts)
+            stopper = _Stopper(new, ch, opts)
             deadline = time.monotonic() + opts.drain_timeout
             while True:
                 ch = _channel(sconn) or {}
@@ -634,10 +634,6 @@ class _Stopper:
 
     def is_alive(self) -> bool:
         return self._t.is_alive()
-
-
-def _stop_io_async(server: str, ch: dict[str, Any], opts: Options) -> _Stopper:
-    return _Stopper(server, ch, opts)
 
 
 def _semisync_warnings(res: Result, mconn: Any, why: str) -> None:

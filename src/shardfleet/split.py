@@ -896,16 +896,9 @@ def map_changes(before: ShardMap | None, after: ShardMap | None) -> list[str]:
     return diff(before, after)
 
 
-def _rows(conn: Any, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return list(cur.fetchall())
-
-
 def _few(names: Sequence[str], n: int = 4) -> str:
     names = list(names)
     return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
-
 
 
 __all__ = ["CutoverAborted", "Credentials", "NO_NODE", "Split", "SplitError", "SplitSpec",

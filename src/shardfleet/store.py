@@ -334,11 +334,11 @@ class Store:
     def _fetch_raw(self, object_ids: Sequence[int]) -> dict[int, str]:
         """``{id: raw JSON body}`` of the rows found, one statement per server, pipelined."""
         by_server = self._group(object_ids)
-        found: dict[int, str] = {}
+        rows: list[Any] = []
         for attempt in (0, 1):
             jobs = list(by_server.items())
             try:
-                results = [self._fetch_many(jobs)] if jobs else []
+                rows = self._fetch_many(jobs) if jobs else []
                 break
             except pymysql.err.MySQLError as exc:
                 errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
@@ -347,9 +347,7 @@ class Store:
                 log.info("get_many refused (%s); refreshing the map and retrying once", errno)
                 self.router.refresh()
                 by_server = self._group(object_ids)
-        for rows in results:
-            found.update(rows)
-        return found
+        return dict(rows)  # each row is (ID, body)
 
     def update(self, object_id: int, changes: Updater) -> Body:
         """Read-modify-write the JSON body in one transaction (``SELECT … FOR UPDATE``).
