@@ -31,6 +31,13 @@ class MapStoreUnavailable(ShardfleetError):
     """Raised when the map's store (ZooKeeper) cannot be reached and no cached map exists."""
 
 
+class MapWriteUnknown(MapStoreUnavailable):
+    """Raised by :func:`shardfleet.mapstore.update` when a map write was sent, its reply was
+    lost, and the store could not be read again in time to tell whether it was applied.
+    The caller must assume either outcome (keep any fence; rerun the operation, which
+    decides by what the map says)."""
+
+
 class ShardFrozenError(ShardfleetError):
     """Raised when a write to a frozen shard waited its bounded time and the shard stayed frozen."""
 

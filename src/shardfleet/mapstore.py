@@ -16,12 +16,14 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from shardfleet import shardmap
-from shardfleet.errors import MapConflictError, MapError, MapStoreUnavailable
+from shardfleet.errors import MapConflictError, MapError, MapStoreUnavailable, MapWriteUnknown
 from shardfleet.shardmap import ShardMap
 
 log = logging.getLogger(__name__)
@@ -164,15 +166,37 @@ class ZooKeeperMapStore:
             acl.append(ACL(Permissions.READ, Id("world", "anyone")))
         return acl
 
-    def _wait(self, async_result: Any, what: str) -> Any:
-        if not self.client.connected:
-            raise MapStoreUnavailable(f"ZooKeeper at {self.client.hosts} is unreachable ({what})")
+    def _wait(self, request: Callable[[], Any], what: str) -> Any:
+        """Send *request* (a kazoo ``*_async`` call) once a session is up, and wait for its
+        reply; both waits share one bound, ``timeout``.
+
+        A store that is between sessions (a slow first connect, a leader election, a busy
+        machine) waits for the next one instead of failing at once. The request is sent
+        only when connected, so "unreachable" means it was never sent; "did not answer"
+        or a lost connection after sending means it may have been applied.
+        """
+        deadline = time.monotonic() + self.timeout
+        while not self.client.connected:
+            if time.monotonic() >= deadline or self.client.state == "CLOSED":
+                raise MapStoreUnavailable(
+                    f"ZooKeeper at {self.client.hosts} is unreachable ({what}; no session "
+                    f"within {self.timeout}s)")
+            time.sleep(0.05)
         try:
-            return async_result.get(timeout=self.timeout)
+            return request().get(timeout=max(0.5, deadline - time.monotonic()))
         except self.client.handler.timeout_exception:
             raise MapStoreUnavailable(
                 f"ZooKeeper at {self.client.hosts} did not answer within {self.timeout}s "
                 f"({what})") from None
+
+    def sync(self) -> None:
+        """Make the next read see every write the ensemble committed before this call
+        (ZooKeeper ``sync``: a read after a lost reply must not come from a lagging
+        follower)."""
+        try:
+            self._wait(lambda: self.client.sync_async(self.path), f"sync {self.path}")
+        except self._errors() as exc:
+            raise MapStoreUnavailable(f"ZooKeeper connection lost (sync): {exc}") from None
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         from kazoo.exceptions import ConnectionLoss, SessionExpiredError
@@ -184,7 +208,7 @@ class ZooKeeperMapStore:
         from kazoo.exceptions import NoAuthError, NoNodeError
 
         try:
-            data, stat = self._wait(self.client.get_async(path), f"read {path}")
+            data, stat = self._wait(lambda: self.client.get_async(path), f"read {path}")
         except NoNodeError:
             return None, NO_NODE
         except NoAuthError:
@@ -200,9 +224,10 @@ class ZooKeeperMapStore:
         try:
             if expected_version == NO_NODE:
                 self._ensure_parent(path)
-                self._wait(self.client.create_async(path, data, acl=self.acl()), f"create {path}")
+                self._wait(lambda: self.client.create_async(path, data, acl=self.acl()),
+                           f"create {path}")
                 return 0
-            stat = self._wait(self.client.set_async(path, data, version=expected_version),
+            stat = self._wait(lambda: self.client.set_async(path, data, version=expected_version),
                               f"write {path}")
             return int(stat.version)
         except (BadVersionError, NodeExistsError, NoNodeError):
@@ -220,7 +245,8 @@ class ZooKeeperMapStore:
         from kazoo.exceptions import BadVersionError, NoNodeError
 
         try:
-            self._wait(self.client.delete_async(path, version=expected_version), f"delete {path}")
+            self._wait(lambda: self.client.delete_async(path, version=expected_version),
+                       f"delete {path}")
         except NoNodeError:
             return
         except BadVersionError:
@@ -234,9 +260,9 @@ class ZooKeeperMapStore:
         cur = ""
         for p in parts:
             cur += "/" + p
-            if self._wait(self.client.exists_async(cur), f"exists {cur}") is None:
+            if self._wait(partial(self.client.exists_async, cur), f"exists {cur}") is None:
                 try:
-                    self._wait(self.client.create_async(cur, b"", acl=self.acl()),
+                    self._wait(partial(self.client.create_async, cur, b"", acl=self.acl()),
                                f"create {cur}")
                 except NodeExistsError:
                     pass
@@ -293,3 +319,75 @@ class ZooKeeperMapStore:
         t = threading.Thread(target=stop, name="shardfleet-zk-close", daemon=True)
         t.start()
         t.join(timeout)
+
+
+@dataclass(frozen=True)
+class Updated:
+    """What :func:`update` left: the map and version it ends on, and whether it changed it
+    (``changed`` is also True when a lost reply's write was found applied)."""
+
+    map: ShardMap
+    version: int
+    changed: bool
+
+
+Edit = Callable[[ShardMap], "ShardMap | None"]
+
+
+def update(store: MapStore, edit: Edit, *, attempts: int = 20,
+           settle_timeout: float | None = None) -> Updated:
+    """The one read-modify-CAS loop every map change goes through.
+
+    *edit* is a pure, idempotent function of the current map (the vocabulary in
+    :class:`~shardfleet.shardmap.ShardMap`: ``freeze``, ``thaw``, ``flip``): it returns
+    the new map, or the same map / None when nothing needs to change ("no change
+    needed" is a result, not an error). A lost compare-and-set re-reads and re-applies
+    the edit. A write whose reply is lost (connection loss, timeout) may or may not
+    have been applied: the loop re-reads after a ``sync`` and decides by content: if
+    the edit has nothing left to do the write landed (or another writer did the same),
+    otherwise it tries again. If the store cannot be read again within
+    *settle_timeout* (default: three times the store's timeout) it raises
+    :class:`MapWriteUnknown`. An edit that raises (MapError) stops the loop with
+    nothing written by this attempt.
+    """
+    settle = settle_timeout if settle_timeout is not None else 3 * float(
+        getattr(store, "timeout", 5.0))
+    for _ in range(attempts):
+        cur = store.read()
+        if cur.map is None:
+            raise MapError("there is no shard map in the store")
+        new = edit(cur.map)
+        if new is None or new == cur.map:
+            return Updated(cur.map, cur.version, False)
+        try:
+            return Updated(new, store.write(new, cur.version), True)
+        except MapConflictError:
+            continue
+        except MapStoreUnavailable as exc:
+            log.warning("map write at version %s: reply lost (%s); reading the map again",
+                        cur.version, exc)
+            after = _read_settled(store, settle, exc)
+            if after.map is not None and after.version != cur.version:
+                again = edit(after.map)
+                if again is None or again == after.map:
+                    return Updated(after.map, after.version, True)
+    raise MapConflictError(f"the map kept changing under this edit ({attempts} "
+                           "compare-and-set attempts lost)")
+
+
+def _read_settled(store: MapStore, timeout: float, cause: Exception) -> Versioned:
+    """Read the map after a ``sync``, retrying until *timeout*; MapWriteUnknown after."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sync = getattr(store, "sync", None)
+            if sync is not None:
+                sync()
+            return store.read()
+        except MapStoreUnavailable as exc:
+            if time.monotonic() >= deadline:
+                raise MapWriteUnknown(
+                    f"a map write was sent but its reply was lost ({cause}), and the map "
+                    f"could not be read again within {timeout:.0f}s ({exc}): it may or may "
+                    "not have been applied") from None
+            time.sleep(0.2)

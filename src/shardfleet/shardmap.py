@@ -201,6 +201,99 @@ class ShardMap:
             raise MapError(f"no range with bounds [{bounds[0]}, {bounds[1]}]")
         return self.replace_range(r, replace(r, state=state))
 
+    # -- the map-change vocabulary of operations ---------------------------
+    # Every operation (split, promotion) changes the map with these three edits and
+    # nothing else. Each is idempotent: applied to its own result it returns an equal
+    # map, which is how :func:`shardfleet.mapstore.update` tells, after a lost reply,
+    # that its write landed. A range frozen by one operation carries ``frozen_by``
+    # (the operation's name) and ``frozen_from`` (its state before); another owner's
+    # freeze is refused, never overwritten or lifted.
+
+    def frozen_by(self, owner: str) -> list[ShardRange]:
+        """Ranges frozen by the operation *owner*."""
+        return [r for r in self.ranges if r.state == "frozen" and freeze_owner(r) == owner]
+
+    def freeze(self, bounds: Iterable[tuple[int, int]], owner: str) -> ShardMap:
+        """Freeze the ranges with *bounds* for *owner* (routers hold writes to them).
+
+        Bounds inside one larger range cut it: the remainders keep everything, the
+        piece is frozen. Already frozen by *owner*: unchanged. Frozen by another
+        operation, or spanning more than one range: :class:`MapError`.
+        """
+        m = self
+        for first, last in sorted(set(bounds)):
+            holder = [r for r in m.ranges if r.first <= last and first <= r.last]
+            if len(holder) != 1 or not (holder[0].first <= first and last <= holder[0].last):
+                raise MapError(f"shards {first}..{last} are not inside one range of the map ("
+                               + (", ".join(f"[{r.first}, {r.last}]" for r in holder)
+                               or "no range") + ")")
+            r = holder[0]
+            if r.state == "frozen":
+                if freeze_owner(r) != owner:
+                    raise MapError(f"range [{r.first}, {r.last}] is frozen by "
+                                   f"{freeze_owner(r) or 'an unnamed operation'}, not {owner}")
+                if r.bounds == (first, last):
+                    continue
+            extra = {**r.extra, FROZEN_FROM: r.extra.get(FROZEN_FROM, r.state)
+                     if r.state == "frozen" else r.state, FROZEN_BY: owner}
+            extra.pop(_LEGACY_OWNER, None)
+            piece = replace(r, first=first, last=last, state="frozen", extra=extra)
+            out = [piece]
+            if r.first < first:
+                out.append(replace(r, last=first - 1))
+            if last < r.last:
+                out.append(replace(r, first=last + 1))
+            m = m.replace_range(r, *out)
+        return m
+
+    def thaw(self, owner: str, bounds: Iterable[tuple[int, int]] | None = None, *,
+             rejoin: tuple[int, int] | None = None) -> ShardMap:
+        """Give the ranges frozen by *owner* (all, or those with *bounds*) their state back.
+
+        *rejoin*: the bounds of the range a :meth:`freeze` cut; once no piece inside
+        it is frozen and all agree on everything but bounds, they become one range
+        again (the map as it was). Ranges not frozen by *owner* are left alone, so a
+        thaw never lifts another operation's freeze.
+        """
+        want = set(bounds) if bounds is not None else None
+        out = [_thawed(r) if r.state == "frozen" and freeze_owner(r) == owner
+               and (want is None or r.bounds in want) else r for r in self.ranges]
+        m = ShardMap.from_ranges(out, self.mod_shard_count)
+        if rejoin is not None:
+            inside = [r for r in m.ranges if rejoin[0] <= r.first and r.last <= rejoin[1]]
+            cover = sum(r.size for r in inside) == rejoin[1] - rejoin[0] + 1
+            same = {(r.master, r.standby, r.state, tuple(sorted(r.extra.items())))
+                    for r in inside}
+            if len(inside) > 1 and cover and len(same) == 1:
+                whole = replace(inside[0], first=rejoin[0], last=rejoin[1])
+                rest = [r for r in m.ranges if r not in inside]
+                m = ShardMap.from_ranges(rest + [whole], self.mod_shard_count)
+        return m
+
+    def flip(self, owner: str, bounds: Iterable[tuple[int, int]], *, master: str,
+             standby: str | None, drop: Iterable[str] = (),
+             set_extra: Mapping[str, Any] | None = None) -> ShardMap:
+        """Move the ranges with *bounds*, frozen by *owner*, to *master*/*standby* and thaw
+        them, in one edit. A range already on *master* and not frozen by *owner* is done
+        (unchanged). *drop* names extra keys to remove, *set_extra* keys to set. Any other
+        state (not frozen by *owner*, bounds missing): :class:`MapError`, nothing flipped.
+        """
+        m = self
+        for b in sorted(set(bounds)):
+            r = next((x for x in m.ranges if x.bounds == b), None)
+            if r is None:
+                raise MapError(f"no range with bounds [{b[0]}, {b[1]}] to flip")
+            if r.master == master and not (r.state == "frozen" and freeze_owner(r) == owner):
+                continue
+            if r.state != "frozen" or freeze_owner(r) != owner:
+                raise MapError(f"range [{r.first}, {r.last}] is not frozen by {owner} "
+                               f"({r.describe()}); not flipping it")
+            t = _thawed(r)
+            extra = {k: v for k, v in t.extra.items() if k not in set(drop)}
+            extra.update(set_extra or {})
+            m = m.replace_range(r, replace(t, master=master, standby=standby, extra=extra))
+        return m
+
     # -- serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"mod_shard_count": self.mod_shard_count,
@@ -220,6 +313,23 @@ class ShardMap:
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                          for row in rows)
+
+
+FROZEN_BY = "frozen_by"      # the operation that froze a range
+FROZEN_FROM = "frozen_from"  # the state it had before
+_LEGACY_OWNER = "split"      # maps written before ``frozen_by`` named a split's freeze so
+
+
+def freeze_owner(r: ShardRange) -> str | None:
+    """The operation that froze *r* (None when nobody owns its freeze)."""
+    owner = r.extra.get(FROZEN_BY) or r.extra.get(_LEGACY_OWNER)
+    return str(owner) if owner else None
+
+
+def _thawed(r: ShardRange) -> ShardRange:
+    extra = {k: v for k, v in r.extra.items() if k not in (FROZEN_BY, FROZEN_FROM, _LEGACY_OWNER)}
+    state = str(r.extra.get(FROZEN_FROM, "open")) if r.state == "frozen" else r.state
+    return replace(r, state=state, extra=extra)
 
 
 def from_obj(data: Any, known_hosts: Iterable[str] | None = None) -> ShardMap:
