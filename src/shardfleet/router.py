@@ -28,7 +28,7 @@ from shardfleet.errors import (
     MapStoreUnavailable,
     ShardFrozenError,
 )
-from shardfleet.mapstore import MapStore
+from shardfleet.mapstore import NO_NODE, MapStore
 from shardfleet.shardmap import ShardMap, ShardRange
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class Router:
         self._pools: dict[str, Pool] = {}
         self._pools_lock = threading.Lock()
         self._changed = threading.Condition()
+        self._cache_lock = threading.Lock()
         self._map: ShardMap | None = None
         self._version = -2
         self.source = "none"  # "store", "cache-file" or "static"
@@ -139,11 +140,29 @@ class Router:
     def _on_map(self, new: ShardMap | None, version: int) -> None:
         if new is None:
             log.warning("the map znode is absent; keeping the last good map")
+            with self._changed:
+                if self.source == "store":
+                    # a re-created znode counts its versions from 0 again; without this
+                    # the router would take its first versions for stale ones
+                    self._version = NO_NODE
             return
         self._swap(new, version, "store")
 
     def _swap(self, new: ShardMap, version: int, source: str) -> None:
+        """Make *new* the current map, unless the one held is newer.
+
+        A refresh reads the map on its own thread and can land after the watch
+        delivered a later version (a refused write refreshes while a promotion
+        flips the map): going back would hold writes on a frozen range until the
+        next change and put the older map in the cache file. So a store map older
+        than the one held is dropped, and a cache-file map (version unknown) never
+        replaces a store map.
+        """
         with self._changed:
+            if self.source == "store" and (source != "store" or version < self._version):
+                log.info("ignoring shard map version %s from %s: holding version %s from "
+                         "the store", version, source, self._version)
+                return
             if self._map == new and self.source == source:
                 self._version = version
                 return
@@ -163,16 +182,24 @@ class Router:
             return None
 
     def _save_cache(self, m: ShardMap) -> None:
+        """Write *m* to the cache file if it is still the current map.
+
+        Two swaps save outside the map lock; checking under the file lock that *m*
+        is still current keeps a slower save of an older map from landing last.
+        """
         if not self.cache_file:
             return
-        try:
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent, prefix=".map-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(m.to_bytes())
-            os.replace(tmp, self.cache_file)
-        except OSError as exc:
-            log.warning("could not write map cache %s: %s", self.cache_file, exc)
+        with self._cache_lock:
+            if self._map is not m:
+                return
+            try:
+                self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent, prefix=".map-")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(m.to_bytes())
+                os.replace(tmp, self.cache_file)
+            except OSError as exc:
+                log.warning("could not write map cache %s: %s", self.cache_file, exc)
 
     @property
     def map(self) -> ShardMap:

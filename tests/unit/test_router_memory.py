@@ -84,3 +84,54 @@ def test_create_waits_for_a_frozen_open_range_instead_of_failing():
     s = Store(Router(MemoryMapStore(frozen)))
     assert 0 <= s._pick_shard() <= 15
     s.close()
+
+
+class _StaleReadStore(MemoryMapStore):
+    """A store whose next read() returns a version captured earlier: a refresh that read
+    the frozen map and lands after the watch delivered the flip."""
+
+    def __init__(self, initial: ShardMap) -> None:
+        super().__init__(initial)
+        self.stale = None
+
+    def read(self):
+        if self.stale is not None:
+            v, self.stale = self.stale, None
+            return v
+        return super().read()
+
+
+def test_refresh_that_read_an_older_version_does_not_go_back(tmp_path):
+    store = _StaleReadStore(M1)
+    cache = tmp_path / "map.json"
+    r = Router(store, cache_file=cache, frozen_wait=0.2)
+    frozen = M1.with_state((0, 15), "frozen")
+    store.write(frozen, store.read().version)
+    store.stale = store.read()  # the refresh's read: version N, frozen
+    flipped = M1.replace_range(M1.range_for(0), M1.range_for(0).__class__(0, 15, "e:1", "f:1"))
+    newest = store.write(flipped, store.stale.version)  # the watch delivers N+1
+    assert r.version == newest
+    assert r.refresh()  # lands with version N
+    assert r.version == newest and r.map == flipped
+    assert r.writable_range(3).master == "e:1"
+    assert shardmap.loads(cache.read_bytes()) == flipped
+
+
+def test_older_version_from_the_watch_is_ignored_and_not_cached(tmp_path):
+    store = MemoryMapStore(M1)
+    cache = tmp_path / "map.json"
+    r = Router(store, cache_file=cache)
+    closed = M1.with_state((16, 31), "closed")
+    v1 = store.write(closed, store.read().version)
+    r._on_map(M1, v1 - 1)  # a late delivery of the version before
+    assert r.version == v1 and r.range_for(20).state == "closed"
+    assert shardmap.loads(cache.read_bytes()) == closed
+
+
+def test_cache_file_map_never_replaces_a_store_map(tmp_path):
+    store = MemoryMapStore(M1.with_state((0, 15), "closed"))
+    cache = tmp_path / "map.json"
+    r = Router(store, cache_file=cache)
+    r._swap(M1, -1, "cache-file")
+    assert r.source == "store" and r.range_for(0).state == "closed"
+    assert shardmap.loads(cache.read_bytes()).range_for(0).state == "closed"
