@@ -46,15 +46,15 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardfleet import provision, replication, topology
-from shardfleet.errors import DatabaseError, MapConflictError, MapError, ShardfleetError
-from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+from shardfleet.errors import DatabaseError, MapError, MapWriteUnknown, ShardfleetError
+from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
 from shardfleet.ops import Journal, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
-from shardfleet.shardmap import ShardMap, ShardRange, diff
+from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
 
 log = logging.getLogger(__name__)
 
@@ -113,20 +113,6 @@ def upper_half(r: ShardRange) -> tuple[int, int]:
     if r.size < 2:
         raise SplitError(f"range [{r.first}, {r.last}] has one shard; nothing to split")
     return (r.first + r.size // 2, r.last)
-
-
-def pieces(original: ShardRange, moving: tuple[int, int], name: str) -> list[ShardRange]:
-    """*original* cut around *moving*: the remainders keep everything, the moving piece is
-    frozen with ``frozen_from`` (its previous state) and ``split`` (the operation)."""
-    first, last = moving
-    out = []
-    if original.first < first:
-        out.append(replace(original, last=first - 1))
-    extra = dict(original.extra, frozen_from=original.state, split=name)
-    out.append(replace(original, first=first, last=last, state="frozen", extra=extra))
-    if last < original.last:
-        out.append(replace(original, first=last + 1))
-    return out
 
 
 class Split:
@@ -229,7 +215,7 @@ class Split:
             moving = self._journaled_moving()
         if moving is None:
             mine = [r for r in current.ranges if r.master == self.spec.source
-                    and r.extra.get("split") is None]
+                    and freeze_owner(r) is None]
             if len(mine) != 1:
                 owned = ", ".join(f"[{r.first}, {r.last}]" for r in mine) or "no range"
                 raise SplitError(f"source {self.spec.source} owns {owned}; give the moving "
@@ -324,7 +310,7 @@ class Split:
                              if r.master == self.spec.source) or "nothing"
             raise SplitError(f"source {self.spec.source} does not own shards {first}..{last} "
                              f"(it owns {mine}); nothing changed")
-        if owner.state == "frozen" and owner.extra.get("split") != self.name:
+        if owner.state == "frozen" and freeze_owner(owner) != self.name:
             raise SplitError(f"range [{owner.first}, {owner.last}] is frozen by another "
                              f"operation ({dict(owner.extra)}); nothing changed")
         if self.original is None:
@@ -350,6 +336,8 @@ class Split:
             problems.append(f"source {self.spec.source} lacks {len(missing)} moving shard "
                             f"database(s) ({_few(missing)})")
         problems += self._check_replication()
+        if not missing:
+            problems += self._fence_problems()
         if problems:
             raise SplitError("; ".join(problems) + "; nothing changed")
         return StepResult("check", False,
@@ -563,71 +551,56 @@ class Split:
         return True
 
     # -- the map -------------------------------------------------------------
-    def _edit_map(self, fn: Callable[[ShardMap], ShardMap | None]) -> tuple[ShardMap, bool]:
-        """Apply *fn* to the current map with compare-and-set, retrying lost races."""
-        for _ in range(10):
-            v = self.store.read()
-            if v.map is None:
-                raise SplitError("the shard map disappeared from ZooKeeper")
-            new = fn(v.map)
-            if new is None or new == v.map:
-                return v.map, False
-            try:
-                self.store.write(new, v.version)
-                return new, True
-            except MapConflictError:
-                continue
-        raise SplitError("the map kept changing under the split (10 compare-and-set losses)")
+    # Every map change is one edit of the map-change vocabulary (shardmap: freeze, thaw,
+    # flip, owned by this split's name) through mapstore.update, which survives a lost
+    # reply by reading the map again and deciding by content.
 
-    def _frozen_map(self, m: ShardMap) -> ShardMap | None:
+    def _freeze(self) -> bool:
+        def edit(m: ShardMap) -> ShardMap:
+            cur = m.find(self.moving[0])
+            if cur is None or cur.master != self.spec.source:
+                raise SplitError(f"shard {self.moving[0]} is on "
+                                 f"{cur.master if cur else 'no server'}, not the source")
+            return m.freeze([self.moving], self.name)
+        return self._update(edit).changed
+
+    def _thaw(self) -> bool:
+        """The moving piece's freeze lifted and the source's range whole again (only this
+        split's piece: another operation's freeze inside the same range stays)."""
         assert self.original is not None
-        cur = m.find(self.moving[0])
-        if cur is None:
-            raise SplitError(f"shard {self.moving[0]} is in no range of the map")
-        if cur.bounds == self.moving and cur.state == "frozen" and cur.master == self.spec.source:
-            return None
-        if cur.master != self.spec.source:
-            raise SplitError(f"shard {self.moving[0]} is on {cur.master}, not the source")
-        if cur.bounds == self.moving:
-            extra = dict(cur.extra, frozen_from=cur.state, split=self.name)
-            return m.replace_range(cur, replace(cur, state="frozen", extra=extra))
-        return m.replace_range(cur, *pieces(cur, self.moving, self.name))
+        bounds = self.original.bounds
+        return self._update(lambda m: m.thaw(self.name, rejoin=bounds)).changed
 
-    def _restored_map(self, m: ShardMap) -> ShardMap | None:
-        """The map with the source's original entry back in place of the split's pieces."""
-        assert self.original is not None
-        o = self.original
-        inside = [r for r in m.ranges if o.first <= r.first and r.last <= o.last]
-        if [r.bounds for r in inside] == [o.bounds] and inside[0] == o:
-            return None
-        if any(r.master != self.spec.source for r in inside):
-            raise SplitError(f"range [{o.first}, {o.last}] is no longer all on the source "
-                             "(the cutover is done?); not restoring it")
-        moving = next((r for r in inside if r.bounds == self.moving), None)
-        restored = o
-        if moving is not None and moving.state != "frozen":
-            restored = replace(o, state=moving.state)
-        rest = [r for r in m.ranges if r not in inside]
-        return ShardMap.from_ranges(rest + [restored], m.mod_shard_count)
-
-    def _flipped_map(self, m: ShardMap) -> ShardMap | None:
-        cur = m.find(self.moving[0])
-        if cur is None:
-            raise SplitError(f"shard {self.moving[0]} is in no range of the map")
-        if cur.master == self.spec.target:
-            return None
-        if cur.bounds != self.moving or cur.state != "frozen":
-            raise SplitError(f"range [{cur.first}, {cur.last}] is not this split's frozen range; "
-                             "not flipping")
+    def _flip(self) -> bool:
         # "rebuild" names a node of the source pair: it says nothing of the target pair
-        extra = {k: v for k, v in cur.extra.items()
-                 if k not in ("frozen_from", "split", "rebuild")}
-        new = ShardRange(cur.first, cur.last, self.spec.target, self.spec.target_standby,
-                         str(cur.extra.get("frozen_from", "open")), extra)
-        return m.replace_range(cur, new)
+        return self._update(lambda m: m.flip(
+            self.name, [self.moving], master=self.spec.target,
+            standby=self.spec.target_standby, drop=("rebuild",))).changed
+
+    def _update(self, edit: Callable[[ShardMap], ShardMap]) -> Updated:
+        try:
+            return update(self.store, edit)
+        except MapError as exc:
+            raise SplitError(f"the map does not allow this step: {exc}") from None
+
+    def _flipped(self, m: ShardMap) -> bool:
+        """The map puts the moving range on the target (the cutover's flip landed)."""
+        entry = m.find(self.moving[0])
+        return (entry is not None and entry.bounds == self.moving
+                and entry.master == self.spec.target and entry.state != "frozen")
+
+    def _settled_map(self) -> ShardMap:
+        """The map, read after a sync (retrying within the store's timeout)."""
+        sync = getattr(self.store, "sync", None)
+        if sync is not None:
+            sync()
+        m = self.store.read().map
+        if m is None:
+            raise SplitError("the shard map disappeared from ZooKeeper")
+        return m
 
     # -- fence ---------------------------------------------------------------
-    def _set_fence(self, on: bool) -> int:
+    def _set_fence(self, on: bool, *, reads: bool = False) -> int:
         """Take (on) or give back (off) the application user's write privileges on the moving
         databases on the source master; returns how many grants changed.
 
@@ -637,17 +610,59 @@ class Split:
         """
         flag = "N" if on else "Y"
         dbs = self.databases
+        privs = WRITE_PRIVILEGES + (("Select_priv",) if reads or not on else ())
         marks = ",".join(["%s"] * len(dbs))
-        sets = ", ".join(f"{p} = %s" for p in WRITE_PRIVILEGES)
-        not_yet = " OR ".join(f"{p} <> %s" for p in WRITE_PRIVILEGES)
+        sets = ", ".join(f"{p} = %s" for p in privs)
+        not_yet = " OR ".join(f"{p} <> %s" for p in privs)
         sql = (f"UPDATE mysql.db SET {sets} WHERE User = %s AND Host = %s "
                f"AND Db IN ({marks}) AND ({not_yet})")
         with self.conn(self.spec.source).cursor() as cur:
-            n = cur.execute(sql, [flag] * 3 + [self.creds.app_user, self.creds.app_host] + dbs
-                            + [flag] * 3)
+            n = cur.execute(sql, [flag] * len(privs) + [self.creds.app_user,
+                                                        self.creds.app_host] + dbs
+                            + [flag] * len(privs))
             if n:
                 cur.execute("FLUSH PRIVILEGES")
         return int(n)
+
+    def _fence_problems(self, *, fenced: bool = False) -> list[str]:
+        """Why the fence would not (or, *fenced*, does not) stop the application's writes to
+        the moving databases on the source: a database without a grant row for
+        ``app_user@app_host`` (the fence takes privileges from those rows, so an
+        ``app_host`` that matches none fences nothing), another host pattern of the same
+        user that may write them, global write privileges, and once fenced any row still
+        writable. Empty: the fence holds."""
+        user, host, dbs = self.creds.app_user, self.creds.app_host, self.databases
+        marks = ",".join(["%s"] * len(dbs))
+        writable = " OR ".join(f"{p} = 'Y'" for p in WRITE_PRIVILEGES)
+        rows = self._exec(self.spec.source, f"SELECT Db, ({writable}) FROM mysql.db WHERE "
+                          f"User = %s AND Host = %s AND Db IN ({marks})", [user, host] + dbs)
+        have = {str(r[0]): bool(r[1]) for r in rows}
+        out = []
+        missing = [d for d in dbs if d not in have]
+        if missing:
+            out.append(f"the application user '{user}'@'{host}' has no grant on {len(missing)} "
+                       f"moving database(s) on the source ({_few(missing)}): the fence takes "
+                       "write privileges from those grants, so it would stop nothing (give "
+                       "the app_host its grants use)")
+        if fenced:
+            still = sorted(d for d, w in have.items() if w)
+            if still:
+                out.append(f"'{user}'@'{host}' can still write {len(still)} moving "
+                           f"database(s) ({_few(still)})")
+        others = self._exec(self.spec.source, f"SELECT DISTINCT Host FROM mysql.db WHERE "
+                            f"User = %s AND Host <> %s AND Db IN ({marks}) AND ({writable})",
+                            [user, host] + dbs)
+        if others:
+            out.append(f"'{user}' may also write the moving databases from host(s) "
+                       f"{', '.join(str(r[0]) for r in others)}, which the fence (on "
+                       f"'{host}') does not cover")
+        glob = self._exec(self.spec.source, f"SELECT Host FROM mysql.user WHERE User = %s "
+                          f"AND ({writable})", [user])
+        if glob:
+            out.append(f"'{user}' has global write privileges (host "
+                       f"{', '.join(str(r[0]) for r in glob)}): a fence on databases cannot "
+                       "hold it")
+        return out
 
     def _drain(self, fenced_at: float) -> list[str]:
         """Wait (bounded) for the application's writes that may have passed the privilege check
@@ -715,19 +730,22 @@ class Split:
         if done < PROGRESS["replicate"]:
             raise SplitError(f"split {self.name} does not replicate yet; run the replicate step")
         assert data is not None
-        m = self.store.read().map
-        assert m is not None
-        entry = m.find(self.moving[0])
-        if entry is not None and entry.master == self.spec.target:
-            # flipped before a crash: finish the bookkeeping
-            self._remove_channel()
-            self._record("cutover", cutover_gtid=data.get("cutover_gtid"), state="cut over")
-            return StepResult("cutover", True, "the map had been flipped; finished the cutover",
-                              time.monotonic() - t0)
+        if self._flipped(self._settled_map()):
+            # flipped before a crash or a lost reply: fence again (a run that undid its
+            # fence after an ambiguous flip left the source writable), then finish
+            self._fence_after_flip()
+            self._finish_cutover()
+            self._record("cutover", cutover_gtid=data.get("cutover_gtid"), state="cut over",
+                         cutover_phase=None)
+            return StepResult("cutover", True, "the map had been flipped; fenced the source "
+                              "and finished the cutover", time.monotonic() - t0)
         ch = self._channel(self.spec.target)
         if ch is None or ch.get("Slave_SQL_Running") != "Yes":
             raise SplitError(f"the split's replication on {self.spec.target} is not running; "
                              "run the replicate step first")
+        fence = self._fence_problems()
+        if fence:
+            raise SplitError("; ".join(fence) + "; nothing changed")
         # Before the freeze (outside the stall): catch up, grant the application user on
         # the target and make its master writable. Nothing routes there before the flip.
         self._wait_applied(replication.gtid_position(self.conn(self.spec.source)),
@@ -742,10 +760,14 @@ class Split:
         self._note(cutover_phase="freezing", cutover_attempt_at=time.time())
         # -- the stall starts
         frozen_at = time.monotonic()
-        self._edit_map(self._frozen_map)
+        self._freeze()
+        fenced_at, pos, waited = frozen_at, "", 0.0
         try:
             self._set_fence(True)
             fenced_at = time.monotonic()
+            open_grants = self._fence_problems(fenced=True)
+            if open_grants:
+                raise SplitError("the fence does not hold: " + "; ".join(open_grants))
             left = self._drain(fenced_at)
             if left:
                 raise CutoverAborted(f"{len(left)} write(s) on {self.spec.source} did not "
@@ -760,14 +782,22 @@ class Split:
                                      f"position {pos} within {self.cutover_timeout}s") from None
             waited = time.monotonic() - waited
             self._exec(self.spec.target, f"STOP SLAVE '{self.connection_name}'")
-            self._edit_map(self._flipped_map)
+            self._flip()
+        except MapWriteUnknown as exc:
+            raise SplitError(
+                f"the cutover's map write may or may not have landed ({exc}). The fence and "
+                f"the freeze STAY on shards {self.moving[0]}..{self.moving[1]} (writes to them "
+                "are held or refused, nothing is lost); when ZooKeeper answers, rerun the "
+                "cutover step: it finishes the cutover if the map was flipped") from None
         except BaseException as exc:
-            self._undo_cutover(exc)
-            raise
+            if self._undo_cutover(exc):
+                raise
+            # the flip had landed although the call failed: finish below
         flipped_at = time.monotonic()
         # -- the stall ends
         stall = flipped_at - frozen_at
-        self._remove_channel()
+        self._fence_after_flip()
+        self._finish_cutover()
         self._record("cutover", cutover_gtid=pos, frozen_seconds=round(stall, 4),
                      fence_to_flip_seconds=round(flipped_at - fenced_at, 4),
                      gtid_wait_seconds=round(waited, 4), cutover_phase=None,
@@ -777,22 +807,95 @@ class Split:
                           time.monotonic() - t0, {"frozen_seconds": round(stall, 4),
                                                   "cutover_gtid": pos})
 
-    def _undo_cutover(self, exc: BaseException) -> None:
-        """Lift the fence, then the freeze (in that order: an unfrozen router must find the
-        source writable), restart the split's replication; record why."""
-        log.warning("cutover of %s failed (%s); undoing the fence and the freeze", self.name, exc)
+    def _undo_cutover(self, exc: BaseException) -> bool:
+        """After a failed cutover: read the map first. Flipped (the write landed though the
+        call failed): keep the fence and return False, the caller finishes the cutover. Not
+        flipped: lift the fence, then the freeze (in that order: an unfrozen router must
+        find the source writable), restart the split's replication, record why; True.
+        Unreadable: keep everything and raise (a rerun decides)."""
+        log.warning("cutover of %s failed (%s); reading the map before undoing it",
+                    self.name, exc)
+        try:
+            m = self._settled_map()
+        except ShardfleetError as read_exc:
+            raise SplitError(
+                f"cutover failed ({exc}) and the map cannot be read to tell whether the flip "
+                f"landed ({read_exc}). The fence and the freeze STAY on shards "
+                f"{self.moving[0]}..{self.moving[1]}; when ZooKeeper answers, rerun the "
+                "cutover step: it finishes the cutover if the map was flipped, or undoes "
+                "it") from exc
+        if self._flipped(m):
+            log.warning("the flip of %s had landed; finishing the cutover", self.name)
+            return False
         try:
             self._set_fence(False)
-            self._edit_map(self._restored_map)
+            self._thaw()
             if self._channel(self.spec.target) is not None:
                 self._exec(self.spec.target, f"START SLAVE '{self.connection_name}'")
             self._note(cutover_phase=None, last_cutover_error=str(exc) or type(exc).__name__)
         except Exception as undo_exc:  # noqa: BLE001 - report both
             raise SplitError(f"cutover failed ({exc}) and undoing it failed too ({undo_exc}); "
-                             "run the abort step") from undo_exc
+                             "rerun the cutover step (it finishes or undoes it by what the map "
+                             "says), or run the abort step") from undo_exc
         if isinstance(exc, CutoverAborted):
             exc.args = (f"cutover undone: {exc}; the freeze and the fence are lifted and the "
                         "map is as it was",)
+        return True
+
+    def _fence_after_flip(self) -> None:
+        """The source refuses the moved shards to the application for good: writes (a
+        router still on the old map must not write where nothing replicates any more) and
+        reads (it must not read, and fill caches with, the source's stale copy)."""
+        self._set_fence(True, reads=True)
+        problems = self._fence_problems(fenced=True)
+        if problems:
+            raise SplitError("the map is flipped but the fence on the source does not hold: "
+                             + "; ".join(problems) + "; fix the grants, rerun the cutover step")
+
+    def _finish_cutover(self) -> None:
+        """Remove the split's replication and prove the target pair replicates both ways."""
+        self._remove_channel()
+        self._restart_pair_channels()
+        problems = self._pair_health()
+        if problems:
+            raise SplitError("the cutover is done but the target pair is not healthy: "
+                             + "; ".join(problems))
+
+    def _restart_pair_channels(self) -> None:
+        """Restart the target master's own channels after the split's is gone. MariaDB's
+        semi-sync replica state is global: stopping the split's connection turns it off
+        for the pair's connection too, whose I/O thread then misreads the master's
+        semi-sync packets (error 1595 "could not queue event"). A restart renegotiates."""
+        tconn = self.conn(self.spec.target)
+        for r in topology.dict_rows(tconn, "SHOW ALL SLAVES STATUS"):
+            name = str(r.get("Connection_name") or "")
+            quoted = f" '{name}'" if name else ""
+            self._exec(self.spec.target, f"STOP SLAVE{quoted}")
+            self._exec(self.spec.target, f"START SLAVE{quoted}")
+
+    def _pair_health(self, timeout: float = 30.0) -> list[str]:
+        """Wait (bounded) until the target master and its standby replicate from each other
+        (both threads running, no error); what is still wrong after *timeout*."""
+        servers = [self.spec.target] + ([self.spec.target_standby]
+                                        if self.spec.target_standby else [])
+        deadline = time.monotonic() + timeout
+        while True:
+            problems = []
+            for server in servers:
+                rows = [r for r in topology.dict_rows(self.conn(server), "SHOW ALL SLAVES STATUS")
+                        if not r.get("Connection_name")]
+                if self.spec.target_standby and not rows:
+                    problems.append(f"{server} has no replication from its peer")
+                for r in rows:
+                    if (r.get("Slave_IO_Running"), r.get("Slave_SQL_Running")) != ("Yes", "Yes"):
+                        problems.append(
+                            f"{server}: replication from {r.get('Master_Host')}:"
+                            f"{r.get('Master_Port')} IO {r.get('Slave_IO_Running')} SQL "
+                            f"{r.get('Slave_SQL_Running')} ({r.get('Last_IO_Error') or ''}"
+                            f"{r.get('Last_SQL_Error') or ''})")
+            if not problems or time.monotonic() > deadline:
+                return problems
+            time.sleep(0.2)
 
     # -- cleanup -------------------------------------------------------------
     def cleanup(self) -> StepResult:
@@ -844,7 +947,7 @@ class Split:
                              "to finish it instead of aborting")
         removed = self._remove_channel()
         unfenced = self._set_fence(False)
-        _, restored = self._edit_map(self._restored_map)
+        restored = self._thaw()
         copies = sorted(self._shard_dbs(self.spec.target) & set(self.databases))
         provision.apply_drop(self.conn(self.spec.target), copies, app_user=self.creds.app_user,
                              app_host=self.creds.app_host)
@@ -902,4 +1005,4 @@ def _few(names: Sequence[str], n: int = 4) -> str:
 
 
 __all__ = ["CutoverAborted", "Credentials", "NO_NODE", "Split", "SplitError", "SplitSpec",
-           "StepResult", "MapError", "DatabaseError", "merge_gtids", "pieces", "upper_half"]
+           "StepResult", "MapError", "DatabaseError", "merge_gtids", "upper_half"]

@@ -9,11 +9,19 @@ import time
 
 import pytest
 
-from shardfleet.split import CutoverAborted, SplitError
+from shardfleet import ids
+from shardfleet.errors import MapStoreUnavailable
+from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.router import Router
+from shardfleet.split import Credentials, CutoverAborted, Split, SplitError, SplitSpec
 from shardfleet.store import Store
+from shardfleet.testing import MariaDBServer
 
 from .test_split_support import (
+    APP_PASSWORD,
     APP_USER,
+    REPL_PASSWORD,
+    REPL_USER,
     SplitFleet,
     Writer,
     make_server,
@@ -175,7 +183,7 @@ def test_resume_after_a_crash_inside_the_cutover(fleet, tmp_path):
         sp.run("replicate")
         sp.resolve()
         sp._note(cutover_phase="freezing")
-        sp._edit_map(sp._frozen_map)
+        sp._freeze()
         sp._set_fence(True)
     assert fleet.map().range_for(20).state == "frozen" and fence_writes(fleet) == 16
     with fleet.split() as sp:
@@ -252,3 +260,173 @@ def test_cutover_timeout_undoes_freeze_and_fence(fleet, tmp_path):
     with fleet.split() as sp:
         res = sp.run("all")
     assert res[-1].step == "cutover" and res[-1].changed
+
+
+# -- failure paths of the cutover ------------------------------------------------------
+
+
+class LostFlipStore(ZooKeeperMapStore):
+    """The split's own store: ZooKeeper applies the flipped map, the reply is lost; then,
+    optionally, ZooKeeper stays unreadable for *away* more reads."""
+
+    def __init__(self, *a, target: str, away: int = 0, **kw):
+        super().__init__(*a, **kw)
+        self.target, self.away, self.lost = target, away, False
+
+    def write(self, new, expected_version):
+        v = super().write(new, expected_version)
+        if not self.lost and new.range_for(MOVING[0]).master == self.target:
+            self.lost = True
+            raise MapStoreUnavailable("ZooKeeper connection lost writing the map (injected)")
+        return v
+
+    def sync(self):
+        if self.lost and self.away:
+            self.away -= 1
+            raise MapStoreUnavailable("ZooKeeper is away (injected)")
+        return super().sync()
+
+
+def lossy_split(fleet: SplitFleet, away: int = 0, **kw) -> Split:
+    store = LostFlipStore(fleet.zk_address, fleet.cluster, target=fleet.target.address,
+                          away=away, timeout=2.0)
+    spec = SplitSpec(fleet.source.address, fleet.target.address, fleet.standby.address, None)
+    sp = Split(store, spec, fleet.creds, **kw)
+    sp._test_store = store  # closed by the caller
+    return sp
+
+
+def old_map_store(fleet: SplitFleet, old_map) -> Store:
+    """A store whose router never hears of the flip (started from its cache file, cut off
+    from ZooKeeper): it routes by *old_map* for good."""
+    return Store(Router(shard_map=old_map, user=APP_USER, password=APP_PASSWORD,
+                        frozen_wait=0.5))
+
+
+def test_a_lost_reply_to_the_flip_finishes_the_cutover(fleet):
+    """ZooKeeper applied the flip but the reply was lost: the cutover finds the flip by
+    reading the map again and finishes it; the fence stays, so a router still on the old
+    map cannot write to (or read) the moved shards on the source."""
+    old = fleet.map()
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+    sp = lossy_split(fleet)
+    try:
+        res = sp.run("cutover")
+    finally:
+        sp.close()
+        sp._test_store.close()
+    assert sp._test_store.lost, "the injected loss never happened"
+    assert res[-1].step == "cutover" and res[-1].changed, [r.to_dict() for r in res]
+    assert fleet.map().range_for(20).master == fleet.target.address
+    assert fence_writes(fleet) == 16, "the fence was lifted after the flip"
+    stale = old_map_store(fleet, old)
+    try:
+        with pytest.raises(Exception, match="1142|denied|frozen"):
+            stale.create(1, {"v": 1}, near=ids.compose(20, 1, 1))
+    finally:
+        stale.close()
+
+
+def test_a_lost_flip_reply_with_zookeeper_away_keeps_the_fence_and_the_rerun_finishes(fleet):
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+    sp = lossy_split(fleet, away=10 ** 6)
+    try:
+        with pytest.raises(SplitError, match="(?i)fence .*stay"):
+            sp.run("cutover")
+    finally:
+        sp.close()
+        sp._test_store.close()
+    assert fence_writes(fleet) == 16, "the fence was lifted while the flip's outcome was unknown"
+    assert fleet.map().range_for(20).master == fleet.target.address  # it had landed
+    with fleet.split() as sp:
+        res = sp.run("all")
+    assert res[-1].step == "cutover" and res[-1].changed
+    assert fence_writes(fleet) == 16
+    assert sp.journal is not None and sp.journal.load()["step"] == "cutover"
+
+
+def test_the_resumed_cutover_fences_again(fleet):
+    """A cutover whose map was flipped but whose fence was lifted (the old undo did that):
+    the rerun takes the fence again before it calls the cutover done."""
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+    sp = lossy_split(fleet, away=10 ** 6)
+    try:
+        with pytest.raises(SplitError):
+            sp.run("cutover")
+    finally:
+        sp.close()
+        sp._test_store.close()
+    with fleet.split() as sp:
+        sp.resolve()
+        sp._set_fence(False)
+    assert fence_writes(fleet) == 0
+    with fleet.split() as sp:
+        sp.run("all")
+    assert fence_writes(fleet) == 16
+
+
+def test_refuses_a_fence_that_covers_nothing(fleet):
+    """An application host pattern with no grant rows would fence nothing: refused at the
+    check, nothing changed."""
+    before = fleet.map()
+    spec = SplitSpec(fleet.source.address, fleet.target.address, fleet.standby.address, None)
+    creds = Credentials("root", MariaDBServer.root_password, REPL_USER, REPL_PASSWORD,
+                        APP_USER, "10.%")
+    with Split(fleet.store, spec, creds) as sp, pytest.raises(SplitError, match="fence"):
+        sp.run("all")
+    assert fleet.map() == before
+    assert fleet.target.sql("SHOW DATABASES LIKE 'db%'") == []
+
+
+def test_the_target_pair_replicates_both_ways_after_a_split_with_semi_sync(fleet):
+    """With semi-synchronous replication on (as the mysql role configures it), removing
+    the split's connection on the target master must not break the target's replication
+    from its own standby; the cutover checks the target pair itself."""
+    servers = (fleet.source, fleet.target, fleet.standby)
+    for s in servers:
+        s.sql("SET GLOBAL rpl_semi_sync_master_enabled = ON")
+        s.sql("SET GLOBAL rpl_semi_sync_slave_enabled = ON")
+        s.sql("SET GLOBAL rpl_semi_sync_master_timeout = 2000")
+    try:
+        for s in (fleet.target, fleet.standby):
+            s.sql("STOP ALL SLAVES")
+            s.sql("START ALL SLAVES")
+        with fleet.split() as sp:
+            sp.run("all")
+        # a write on the target's standby (as after a promotion) must reach the target
+        fleet.standby.sql("SET GLOBAL read_only = OFF")
+        fleet.standby.sql("CREATE DATABASE sf_probe")
+        fleet.standby.sql("SET GLOBAL read_only = ON")
+        wait_pair_synced(fleet.standby, fleet.target)
+        for s, peer in ((fleet.target, fleet.standby), (fleet.standby, fleet.target)):
+            ch = [r for r in s.sql("SHOW ALL SLAVES STATUS") if r[0] == ""]
+            assert ch, f"{s.address} has no replication from {peer.address}"
+        st = {k: v for k, v in zip(
+            [d[0] for d in _cols(fleet.target)], fleet.target.sql("SHOW SLAVE STATUS")[0],
+            strict=True)}
+        assert (st["Slave_IO_Running"], st["Slave_SQL_Running"]) == ("Yes", "Yes"), \
+            f"target master stopped replicating from its standby: {st['Last_IO_Error']}"
+    finally:
+        for s in servers:
+            s.sql("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+            s.sql("SET GLOBAL rpl_semi_sync_slave_enabled = OFF")
+        for s in (fleet.target, fleet.standby):
+            s.sql("STOP ALL SLAVES")
+            s.sql("START ALL SLAVES")
+        fleet.target.sql("DROP DATABASE IF EXISTS sf_probe")
+
+
+def _cols(server):
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            return cur.description
+    finally:
+        conn.close()
