@@ -303,11 +303,12 @@ def old_map_store(fleet: SplitFleet, old_map) -> Store:
                         frozen_wait=0.5))
 
 
-def test_a_lost_reply_to_the_flip_finishes_the_cutover(fleet):
+def test_a_lost_reply_to_the_flip_finishes_the_cutover(fleet, tmp_path):
     """ZooKeeper applied the flip but the reply was lost: the cutover finds the flip by
     reading the map again and finishes it; the fence stays, so a router still on the old
     map cannot write to (or read) the moved shards on the source."""
     old = fleet.map()
+    fleet.source.sql("INSERT INTO db00020.pins (local_id, body) VALUES (7, '{\"v\": 1}')")
     with fleet.split() as sp:
         sp.run("clone")
         sp.run("replicate")
@@ -325,8 +326,16 @@ def test_a_lost_reply_to_the_flip_finishes_the_cutover(fleet):
     try:
         with pytest.raises(Exception, match="1142|denied|frozen"):
             stale.create(1, {"v": 1}, near=ids.compose(20, 1, 1))
+        # nor read the source's copy, which stops changing now (and would fill caches)
+        with pytest.raises(Exception, match="1142|denied"):
+            stale.get(ids.compose(20, 1, 7))
     finally:
         stale.close()
+    fresh = Store(fleet.router(tmp_path))
+    try:
+        assert fresh.get(ids.compose(20, 1, 7)) == {"v": 1}
+    finally:
+        fresh.close()
 
 
 def test_a_lost_flip_reply_with_zookeeper_away_keeps_the_fence_and_the_rerun_finishes(fleet):
