@@ -666,53 +666,27 @@ class Split:
 
     def _drain(self, fenced_at: float) -> list[str]:
         """Wait (bounded) for the application's writes that may have passed the privilege check
-        before the fence. Statements get a server-wide increasing query id when they start
-        (before their privilege check), so with *q* = our own query id right after the fence:
-
-        * a statement running with a query id <= *q* started before the fence;
-        * a transaction that modified rows at the fence (its real trx id noted then), or that
-          holds locks while its thread ran nothing newer than *q*, is a pre-fence one.
-
-        New statements on the moving shards are refused (1142), so once these end nothing
-        else can land there. Returns a description of each one still open when the wait
-        ends (empty: drained).
+        before the fence (the rule is :func:`pending_writes`). New statements on the moving
+        shards are refused (1142), so once these end nothing else can land there. Returns a
+        description of each one still open when the wait ends (empty: drained).
 
         InnoDB's transaction view is read every ``replication.TRX_VIEW_PERIOD`` and a
         reading counts only when it was refreshed after the fence
         (:func:`replication.innodb_trx_view`)."""
-        sql = ("SELECT p.ID, p.COMMAND, p.QUERY_ID, t.trx_id, t.trx_rows_modified, "
-               "t.trx_rows_locked, (SELECT QUERY_ID FROM information_schema.PROCESSLIST "
-               "WHERE ID = CONNECTION_ID()), p.STATE, p.TIME_MS, LEFT(p.INFO, 120), "
-               "t.trx_state, t.trx_started FROM information_schema.PROCESSLIST p "
-               "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
-               "WHERE p.USER = %s")
         c = self.conn(self.spec.source)
         deadline = fenced_at + self.drain_timeout
         q: int | None = None
-        modifying: set[str] = set()
+        cutoff: Any = None
         pending = ["InnoDB's transaction view (information_schema.INNODB_TRX) was not "
                    "refreshed: another client reads it more often than every 0.1 s"]
         while True:
-            snapshot = replication.innodb_trx_view(c, sql, (self.creds.app_user,))
+            snapshot = replication.innodb_trx_view(c, DRAIN_SQL, (self.creds.app_user,))
             if snapshot is not None:
                 if not snapshot:
                     return []
                 if q is None:
-                    q = int(snapshot[0][6])
-                    modifying = {str(r[3]) for r in snapshot
-                                 if r[3] is not None and int(r[4] or 0) > 0}
-                pending = []
-                for (cid, command, qid, trx, modified, locked, _, state, ms, info, trx_state,
-                     trx_started) in snapshot:
-                    old_stmt = int(qid or 0) <= q
-                    if (command == "Query" and old_stmt) or (trx is not None and (
-                            str(trx) in modifying
-                            or (old_stmt and (int(modified or 0) > 0 or int(locked or 0) > 0)))):
-                        pending.append(
-                            f"connection {cid} ({command}, {state or 'no state'}, "
-                            f"{float(ms or 0) / 1000:.1f} s, query id {qid} vs fence {q}; "
-                            f"transaction {trx} {trx_state or ''} since {trx_started}, "
-                            f"{modified} row(s) modified, {locked} locked; {info or 'idle'})")
+                    q, cutoff = int(snapshot[0][6]), snapshot[0][12]
+                pending = pending_writes(snapshot, q, cutoff)
                 if not pending:
                     return []
             if time.monotonic() + replication.TRX_VIEW_PERIOD > deadline:
@@ -986,6 +960,48 @@ class Split:
         entry = m.find(self.moving[0]) if m else None
         return {"journal": data, "moving": list(self.moving), "name": self.name,
                 "entry": entry.to_dict() if entry else None}
+
+
+#: The application's connections on the source with their statement and InnoDB
+#: transaction, our own query id (column 6) and the server's clock (column 12).
+DRAIN_SQL = ("SELECT p.ID, p.COMMAND, p.QUERY_ID, t.trx_id, t.trx_rows_modified, "
+             "t.trx_rows_locked, (SELECT QUERY_ID FROM information_schema.PROCESSLIST "
+             "WHERE ID = CONNECTION_ID()), p.STATE, p.TIME_MS, LEFT(p.INFO, 120), "
+             "t.trx_state, t.trx_started, NOW() FROM information_schema.PROCESSLIST p "
+             "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
+             "WHERE p.USER = %s")
+
+
+def pending_writes(snapshot: Sequence[Sequence[Any]], q: int, cutoff: Any) -> list[str]:
+    """The application's writes in *snapshot* (rows of :data:`DRAIN_SQL`, read after the
+    fence) that may have passed the privilege check before it, described for people.
+
+    Statements get a server-wide increasing query id when they start (before their
+    privilege check); *q* is our own query id right after the fence and *cutoff* the
+    server's clock at the first reading after it. A connection is pending when
+
+    * it runs a statement with a query id <= *q* (started before the fence), or
+    * its transaction started at or before *cutoff* and modified or locked rows: it may
+      hold a pre-fence write that is not committed (and binlogged) yet. This is decided
+      per reading, not from the first one: InnoDB gives a read-only transaction a
+      temporary id that changes when it first writes, and its COMMIT is a new statement
+      with a new query id, so neither the id nor the statement tells it apart later.
+
+    A transaction begun after *cutoff* can only touch the moving shards with statements
+    begun after the fence, which are refused; ``trx_started`` has one-second resolution,
+    so transactions of the fence's own second count as pending (conservative)."""
+    out = []
+    for (cid, command, qid, trx, modified, locked, _, state, ms, info, trx_state,
+         trx_started, *_rest) in snapshot:
+        old_stmt = command == "Query" and int(qid or 0) <= q
+        old_trx = (trx is not None and (int(modified or 0) > 0 or int(locked or 0) > 0)
+                   and (trx_started is None or cutoff is None or trx_started <= cutoff))
+        if old_stmt or old_trx:
+            out.append(f"connection {cid} ({command}, {state or 'no state'}, "
+                       f"{float(ms or 0) / 1000:.1f} s, query id {qid} vs fence {q}; "
+                       f"transaction {trx} {trx_state or ''} since {trx_started}, "
+                       f"{modified} row(s) modified, {locked} locked; {info or 'idle'})")
+    return out
 
 
 def merge_gtids(base: str, overlay: str) -> str:
