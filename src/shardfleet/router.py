@@ -8,19 +8,23 @@ Production reads and writes go to masters only.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import select
+import socket
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pymysql
+from pymysql.constants import CR
 
 from shardfleet import shardmap
 from shardfleet.errors import (
@@ -39,6 +43,33 @@ def split_hostport(server: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _wait_ready(sock: socket.socket, events: int, deadline: float,
+                give_up: Callable[[], bool] | None, poll: float) -> bool:
+    """Wait until *sock* is ready for *events*: True; False if *give_up()* turned true;
+    TimeoutError at *deadline*."""
+    p = select.poll()
+    p.register(sock, events)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        if p.poll(1000 * (left if give_up is None else min(left, poll))):
+            return True
+        if give_up is not None and give_up():
+            return False
+
+
+def _idle_ok(conn: pymysql.connections.Connection) -> bool:
+    """An idle connection has nothing to read; anything there (EOF, an error packet) means
+    the server closed it. One poll(2), no round trip."""
+    sock = conn._sock
+    if sock is None:
+        return False
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return not p.poll(0)
+
+
 class Pool:
     """A small LIFO pool of PyMySQL connections to one server.
 
@@ -51,6 +82,7 @@ class Pool:
                  connect_timeout: float = 5.0, read_timeout: float = 30.0) -> None:
         self.server = server
         self.host, self.port = split_hostport(server)
+        self.connect_timeout = connect_timeout
         self._kw = dict(host=self.host, port=self.port, user=user, password=password,
                         charset="utf8mb4", autocommit=True, connect_timeout=connect_timeout,
                         read_timeout=read_timeout, write_timeout=read_timeout)
@@ -58,13 +90,92 @@ class Pool:
         self._idle: deque[pymysql.connections.Connection] = deque()
 
     def connect(self) -> pymysql.connections.Connection:
-        return pymysql.connect(**self._kw)
+        conn = self.connect_unless(None)
+        assert conn is not None
+        return conn
+
+    def connect_unless(self, give_up: Callable[[], bool] | None, poll: float = 0.05
+                       ) -> pymysql.connections.Connection | None:
+        """A new connection, or None if *give_up()* turned true before the server greeted.
+
+        The TCP connect and the wait for the server's greeting happen here, in
+        slices of *poll* seconds, instead of inside PyMySQL: both are bounded by
+        the connect timeout (PyMySQL waits for the greeting the read timeout), and
+        between slices the caller can give up on a master the map no longer names.
+        Nothing has been sent to the server before the greeting, so giving up is
+        always safe. Raises OperationalError 2003 when no connection is made.
+        """
+        sock = self._open(give_up, poll)
+        if sock is None:
+            return None
+        conn = pymysql.connections.Connection(defer_connect=True, **self._kw)
+        conn.host_info = f"socket {self.host}:{self.port}"
+        conn.connect(sock)
+        return conn
+
+    def _open(self, give_up: Callable[[], bool] | None, poll: float) -> socket.socket | None:
+        """A TCP socket to the server with its greeting waiting to be read, or None."""
+        deadline = time.monotonic() + self.connect_timeout
+        try:
+            addrs = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise self._cannot(exc) from None
+        last: OSError = OSError(f"no address for {self.host}")
+        for family, kind, proto, _, addr in addrs:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                rc = sock.connect_ex(addr)
+                if rc not in (0, errno.EINPROGRESS):
+                    raise OSError(rc, os.strerror(rc))
+                if not _wait_ready(sock, select.POLLOUT, deadline, give_up, poll):
+                    sock.close()
+                    return None
+                rc = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if rc:
+                    raise OSError(rc, os.strerror(rc))
+                # a server that accepts but never greets is as dead as one that refuses
+                if not _wait_ready(sock, select.POLLIN, deadline, give_up, poll):
+                    sock.close()
+                    return None
+                sock.setblocking(True)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last = exc
+            except BaseException:
+                sock.close()
+                raise
+        raise self._cannot(last)
+
+    def _cannot(self, exc: OSError) -> pymysql.err.OperationalError:
+        # the error PyMySQL raises for a failed connect, so callers see one errno
+        return pymysql.err.OperationalError(
+            CR.CR_CONN_HOST_ERROR, f"Can't connect to MySQL server on {self.server!r} ({exc})")
+
+    def get_idle(self) -> pymysql.connections.Connection | None:
+        """An idle connection that is still open, or None.
+
+        A pooled connection whose server went away (killed, restarted) has the
+        end of the stream, or an error packet, waiting on its socket; it is
+        dropped here, before anything is sent on it, so that a write is not sent
+        into a dead connection and left not knowing whether it was applied.
+        """
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return None
+            if _idle_ok(conn):
+                return conn
+            log.info("dropping a pooled connection to %s: the server closed it", self.server)
+            self.discard(conn)
 
     def get(self) -> pymysql.connections.Connection:
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.connect()
+        conn = self.get_idle()
+        return conn if conn is not None else self.connect()
 
     def put(self, conn: pymysql.connections.Connection) -> None:
         if len(self._idle) < self.size and conn.open:
@@ -93,8 +204,14 @@ class Router:
     * ``cache_file`` — where the last good map is kept (None: no file).
     * ``user`` / ``password`` — the application's MySQL credential.
     * ``pool_size`` (8) — idle connections kept per master.
+    * ``connect_timeout`` (5.0 s) — for the TCP connect and the server's greeting.
+    * ``read_timeout`` (30.0 s) — for each statement's answer.
     * ``frozen_wait`` (5.0 s) — how long a write to a frozen shard waits for the
-      map to move on before :class:`ShardFrozenError`.
+      map to move on before :class:`ShardFrozenError`, and how long a write whose
+      master cannot be reached waits for the map to name another master
+      (:meth:`wait_for_new_master`).
+    * ``frozen_poll`` (0.02 s) — how often those waits, and a connect to a
+      master, look at the map again.
     """
 
     def __init__(self, store: MapStore | None = None, *, shard_map: ShardMap | None = None,
@@ -250,6 +367,25 @@ class Router:
                 f"promoted); the map did not move on within {self.frozen_wait}s")
         return self.map.range_for(shard)
 
+    def wait_for_new_master(self, shard: int, server: str) -> bool:
+        """Wait (bounded by ``frozen_wait``) until the map names a master other than
+        *server* for *shard*; False if it did not.
+
+        A write whose master could not be reached waits here the way a write to a
+        frozen range waits in :meth:`writable_range`: during an emergency promotion
+        the old master is dead until the map flips, and the write should land on
+        the new one the moment it does rather than fail. The store is read once
+        first, in case the watch lags (an older read cannot win, see :meth:`_swap`).
+        """
+        def moved(m: ShardMap) -> bool:
+            r = m.find(shard)
+            return r is None or r.master != server
+
+        if moved(self.map):
+            return True
+        self.refresh()
+        return self.wait_for(moved, self.frozen_wait)
+
     # -- connections -----------------------------------------------------
     def pool(self, server: str) -> Pool:
         p = self._pools.get(server)
@@ -259,6 +395,31 @@ class Router:
                 if p is None:
                     p = self._pools[server] = Pool(server, **self._pool_kw)  # type: ignore[arg-type]
         return p
+
+    def acquire(self, server: str, shard: int | None = None
+                ) -> pymysql.connections.Connection | None:
+        """A connection to *server*: an idle one from its pool, else a new one.
+
+        With *shard*, a new connection is given up (None) as soon as the map no
+        longer names *server* as the shard's master, so a write held in a connect
+        to a dead or silent master goes to the promoted one when the map flips,
+        not after the connect timeout. Nothing was sent when None is returned.
+        Raises PyMySQL's OperationalError when no connection could be made; nothing
+        was sent then either. Return the connection with ``pool(server).put`` (or
+        ``discard`` after an error).
+        """
+        pool = self.pool(server)
+        conn = pool.get_idle()
+        if conn is not None:
+            return conn
+        if shard is None:
+            return pool.connect()
+
+        def moved() -> bool:
+            m = self.map.find(shard)
+            return m is None or m.master != server
+
+        return pool.connect_unless(moved, self.frozen_poll)
 
     @contextmanager
     def connection(self, server: str) -> Iterator[pymysql.connections.Connection]:

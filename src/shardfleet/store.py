@@ -11,7 +11,11 @@ after the commit. A cache that fails is a miss, never an error.
 Failure policy for routing: a write to a ``frozen`` shard waits (bounded) for
 the map to move on, then raises :class:`ShardFrozenError`; a statement refused
 by MySQL because the shard was fenced (access denied) or the server is
-read-only refreshes the map and is retried once.
+read-only refreshes the map and is retried once. A write whose master cannot
+be reached (no connection made, so nothing sent) waits, bounded the same way,
+for the map to name another master and is retried once there; a connection lost
+after a write's statement was sent surfaces as :class:`DatabaseError`, since
+the write may have been applied (see ``Store._on_master``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ Body = dict[str, Any]
 Updater = Callable[[Body], Body] | dict[str, Any]
 JoinPage = tuple[list[tuple[int, Body]], str | None]  # (id, body) in page order, next cursor
 Rows = list[tuple[int, int]]  # (to_id, sequence), newest first
+
+
+def _errno(exc: BaseException) -> int:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+
+
+def _rollback(conn: pymysql.connections.Connection) -> None:
+    """Roll back after a failure, without hiding it: a connection that was lost is rolled
+    back by the server, and a rollback attempted on it would raise its own error
+    (``InterfaceError(0, '')``) in place of the one that says what happened."""
+    if not conn.open:
+        return
+    try:
+        conn.rollback()
+    except pymysql.err.MySQLError:
+        log.debug("rollback failed on a broken connection", exc_info=True)
 
 
 def _dumps(body: Body) -> str:
@@ -108,22 +128,73 @@ class Store:
     # -- plumbing --------------------------------------------------------
     def _on_master(self, shard: int, fn: Callable[[pymysql.connections.Connection], T], *,
                    write: bool) -> T:
-        """Run *fn(conn)* on the master of *shard*, with the reroute/retry policy."""
-        for attempt in (0, 1):
+        """Run *fn(conn)* on the master of *shard*, with the reroute/retry policy.
+
+        What may be repeated depends on whether the statement could have been
+        applied:
+
+        * No connection was made (refused, unreachable, silent until the connect
+          timeout, or a pooled connection the server had closed): nothing was
+          sent, so the statement may go wherever the map says next. A write
+          waits (bounded by the router's ``frozen_wait``) for the map to name
+          another master for the shard and is retried once there; during an
+          emergency promotion the old master is dead until the flip, and the
+          write lands on the new master as soon as the map moves. A read
+          refreshes the map and is retried once at once. A connect given up
+          because the map moved on meanwhile goes to the new master and costs
+          no retry.
+        * The server refused the statement (fenced shard, read-only): it was not
+          applied; the map is refreshed and the statement retried once.
+        * The connection failed after the statement was sent (2006/2013
+          mid-statement): a write may have been applied, and repeating an insert
+          would apply it twice, so the error surfaces. A read is retried once.
+        """
+        retried = False
+        for _ in range(8):  # bounded: only a map moving on while connecting loops freely
             r = self.router.writable_range(shard) if write else self.router.range_for(shard)
             try:
-                with self.router.connection(r.master) as conn:
-                    return fn(conn)
+                conn = self.router.acquire(r.master, shard)
             except pymysql.err.MySQLError as exc:
-                errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+                errno = _errno(exc)
+                if retried or errno not in CONNECTION_ERRNOS:
+                    raise DatabaseError(f"shard {shard} on {r.master}: {exc}") from exc
+                retried = True
+                if not write:
+                    log.info("shard %s: no connection to %s (%s); refreshing the map and "
+                             "retrying once", shard, r.master, errno)
+                    self.router.refresh()
+                    continue
+                log.warning("shard %s: no connection to its master %s (%s); waiting up to "
+                            "%.1fs for the map to name another master", shard, r.master, errno,
+                            self.router.frozen_wait)
+                if not self.router.wait_for_new_master(shard, r.master):
+                    raise DatabaseError(
+                        f"shard {shard} on {r.master}: {exc}; the map named no other master "
+                        f"within {self.router.frozen_wait}s") from exc
+                continue
+            if conn is None:
+                log.info("shard %s moved off %s while connecting; rerouting", shard, r.master)
+                continue
+            pool = self.router.pool(r.master)
+            try:
+                result = fn(conn)
+            except pymysql.err.MySQLError as exc:
+                pool.discard(conn)
+                errno = _errno(exc)
                 retry = errno in REROUTE_ERRNOS or (not write and errno in CONNECTION_ERRNOS)
-                if attempt == 0 and retry:
+                if retry and not retried:
+                    retried = True
                     log.info("shard %s on %s refused (%s); refreshing the map and retrying once",
                              shard, r.master, errno)
                     self.router.refresh()
                     continue
                 raise DatabaseError(f"shard {shard} on {r.master}: {exc}") from exc
-        raise AssertionError("unreachable")
+            except BaseException:
+                pool.discard(conn)
+                raise
+            pool.put(conn)
+            return result
+        raise DatabaseError(f"shard {shard}: the map kept moving while connecting to its master")
 
     def _object_table(self, object_id: int) -> tuple[ids.ObjectID, str]:
         oid = ids.decompose(object_id)
@@ -230,7 +301,7 @@ class Store:
                 conn.commit()
                 return local
             except BaseException:
-                conn.rollback()
+                _rollback(conn)
                 raise
 
         local = self._on_master(shard, run, write=True)
@@ -276,18 +347,20 @@ class Store:
         return sql
 
     def _read_one(self, shard: int, sql: str, params: tuple[Any, ...]) -> Any:
-        """The hot path of a single-row read; any error falls back to :meth:`_on_master`."""
+        """The hot path of a single-row read on a pooled connection; no idle connection, or
+        any error, falls back to :meth:`_on_master` (which connects under its rules)."""
         pool = self.router.pool(self.router.range_for(shard).master)
-        conn = pool.get()
-        try:
-            cur = conn.cursor()
-            cur.execute(sql, params)
-            row = cur.fetchone()
-        except pymysql.err.MySQLError:
-            pool.discard(conn)
-        else:
-            pool.put(conn)
-            return row
+        conn = pool.get_idle()
+        if conn is not None:
+            try:
+                cur = conn.cursor()
+                cur.execute(sql, params)
+                row = cur.fetchone()
+            except pymysql.err.MySQLError:
+                pool.discard(conn)
+            else:
+                pool.put(conn)
+                return row
 
         def run(conn: pymysql.connections.Connection) -> Any:
             with conn.cursor() as cur:
@@ -375,7 +448,7 @@ class Store:
                 conn.commit()
                 return new
             except BaseException:
-                conn.rollback()
+                _rollback(conn)
                 raise
 
         try:
