@@ -193,6 +193,49 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         router.close()
 
 
+def cmd_ops_list(args: argparse.Namespace) -> int:
+    from shardfleet import ops
+
+    store = _zk_store(args)
+    try:
+        found = ops.journals(store) if args.all else {
+            op.name: op.data for op in ops.in_flight(store)}
+        flight = {op.name for op in ops.in_flight(store)}
+    finally:
+        store.close(timeout=2)
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    if not found:
+        print("no operation in flight" if not args.all else "no journal")
+        return 0
+    rows = [("NAME", "KIND", "STEP", "IN FLIGHT", "UPDATED")]
+    import time
+
+    for name, d in found.items():
+        age = time.time() - float(d.get("updated_at") or d.get("started_at") or 0)
+        rows.append((name, str(d.get("kind") or d.get("mode") or "?"), str(d.get("step")),
+                     "yes" if name in flight else "no", f"{age:.0f} s ago"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_ops_show(args: argparse.Namespace) -> int:
+    from shardfleet import ops
+
+    store = _zk_store(args)
+    try:
+        found = ops.journals(store)
+    finally:
+        store.close(timeout=2)
+    if args.name not in found:
+        raise ShardfleetError(f"no journal {args.name!r}; known: {', '.join(found) or 'none'}")
+    print(json.dumps(found[args.name], indent=2, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="shardfleet", description=__doc__)
     p.add_argument("--version", action="version", version=f"shardfleet {__version__}")
@@ -234,6 +277,19 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-sizes", action="store_true", help="skip summing shard sizes")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    op = sub.add_parser("ops", help="operations in flight (split, promotion, rebuild) and "
+                        "their journals")
+    ops_sub = op.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    ol = ops_sub.add_parser("list", help="unfinished operations (--all: every journal)")
+    _zk_args(ol)
+    ol.add_argument("--all", action="store_true", help="finished journals too")
+    ol.add_argument("--json", action="store_true")
+    ol.set_defaults(func=cmd_ops_list)
+    osh = ops_sub.add_parser("show", help="one operation's journal as JSON")
+    _zk_args(osh)
+    osh.add_argument("name", help="the journal name (split-16-31, promote-pair001, ...)")
+    osh.set_defaults(func=cmd_ops_show)
 
     mg = sub.add_parser(
         "migrate", help="copy a legacy database into the fleet until the drift is zero",

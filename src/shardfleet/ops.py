@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from shardfleet.errors import MapConflictError, ShardfleetError
@@ -108,5 +109,91 @@ def servers_lock(store: ZooKeeperMapStore, servers: list[str], *, timeout: float
         yield
 
 
-__all__ = ["Journal", "LockBusy", "MapConflictError", "pair_lock", "server_lock_name",
+class OperationInFlight(ShardfleetError):
+    """Raised before anything changed when another unfinished operation (its journal says
+    so) touches a server this one would change: finish or abort that one first."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """An unfinished operation, from its journal."""
+
+    name: str
+    kind: str
+    step: str
+    servers: tuple[str, ...]
+    updated_at: float
+    data: dict[str, Any]
+
+    def describe(self) -> str:
+        age = max(0.0, time.time() - self.updated_at) if self.updated_at else 0.0
+        return (f"{self.kind} {self.name} (step {self.step}, on {', '.join(self.servers)}, "
+                f"journal updated {age:.0f} s ago)")
+
+
+def journal_base(store: ZooKeeperMapStore) -> str:
+    return f"{store.root}/{store.cluster}/ops/journal"
+
+
+def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
+    """Every journal under ``ops/journal`` by name (finished ones included)."""
+    from kazoo.exceptions import NoNodeError
+
+    base = journal_base(store)
+    try:
+        names = store.client.get_children(base)
+    except NoNodeError:
+        return {}
+    out = {}
+    for n in sorted(names):
+        raw, _ = store.read_raw(f"{base}/{n}")
+        if raw:
+            try:
+                out[n] = json.loads(raw)
+            except ValueError:
+                out[n] = {"step": "unreadable journal"}
+    return out
+
+
+def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
+    """The operation a journal describes, when it is not finished. A split is in flight
+    until its cutover (its cleanup is optional and touches nothing the map names); a
+    promotion or a rebuild until it records ``done``."""
+    kind = str(d.get("kind") or d.get("mode") or name.split("-", 1)[0])
+    step = str(d.get("step") or "start")
+    if name.startswith("split") or kind == "split":
+        if step in ("cutover", "cleanup", "aborted"):
+            return None
+        servers = [d.get("source"), d.get("target"), d.get("target_standby")]
+        kind = "split"
+    else:
+        if d.get("done"):
+            return None
+        servers = [d.get("old_master"), d.get("new_master"), d.get("node"), d.get("master")]
+        kind = "rebuild" if name.startswith("rebuild") else f"promotion ({kind})"
+    return InFlight(name, kind, step, tuple(sorted({str(s) for s in servers if s})),
+                    float(d.get("updated_at") or d.get("started_at") or 0), d)
+
+
+def in_flight(store: ZooKeeperMapStore) -> list[InFlight]:
+    """The registry of operations in flight: every journal not finished."""
+    return [op for n, d in journals(store).items() if (op := _unfinished(n, d)) is not None]
+
+
+def refuse_if_busy(store: ZooKeeperMapStore, servers: list[str], me: str) -> None:
+    """OperationInFlight when an unfinished operation other than *me* (a journal name)
+    touches any of *servers*; one operation at a time per server, across steps and runs
+    (the locks only cover one run)."""
+    mine = set(servers)
+    others = [op for op in in_flight(store) if op.name != me and mine & set(op.servers)]
+    if others:
+        raise OperationInFlight(
+            "another operation is in flight on these servers: "
+            + "; ".join(op.describe() for op in others)
+            + ". Finish it (rerun its playbook) or abort it first; see "
+              "`shardfleet ops list` and `shardfleet ops show NAME`. Nothing changed")
+
+
+__all__ = ["InFlight", "Journal", "LockBusy", "MapConflictError", "OperationInFlight",
+           "in_flight", "journals", "pair_lock", "refuse_if_busy", "server_lock_name",
            "servers_lock"]

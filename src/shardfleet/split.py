@@ -52,7 +52,7 @@ from typing import Any
 from shardfleet import provision, replication, topology
 from shardfleet.errors import DatabaseError, MapError, MapWriteUnknown, ShardfleetError
 from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
-from shardfleet.ops import Journal, servers_lock
+from shardfleet.ops import Journal, refuse_if_busy, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
 
@@ -940,6 +940,12 @@ class Split:
         if step not in STEPS + ("all", "abort"):
             raise SplitError(f"step {step!r} is not one of {', '.join(STEPS + ('all', 'abort'))}")
         with self.locked():
+            if step != "abort":
+                self.resolve()
+                servers = [self.spec.source, self.spec.target]
+                refuse_if_busy(self.store, servers + ([self.spec.target_standby]
+                                                      if self.spec.target_standby else []),
+                               self.name)
             if step == "abort":
                 self.resolve()
                 return [self.abort()]

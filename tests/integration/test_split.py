@@ -439,3 +439,32 @@ def _cols(server):
             return cur.description
     finally:
         conn.close()
+
+
+def test_a_second_operation_on_a_server_with_a_split_in_flight_is_refused(fleet, capsys):
+    """One operation at a time per server across runs: the registry of operations in flight
+    (their journals) refuses a second split of the same source before anything changes,
+    and `shardfleet ops list` / `ops show` print the one in flight."""
+    from shardfleet import cli
+    from shardfleet.ops import OperationInFlight
+
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+    before = fleet.map()
+    spec = SplitSpec(fleet.source.address, fleet.standby.address, None, (0, 7))
+    with Split(fleet.store, spec, fleet.creds) as other, \
+            pytest.raises(OperationInFlight, match="split-16-31 .*step replicate"):
+        other.run("all")
+    assert fleet.map() == before
+    assert fleet.standby.sql("SHOW DATABASES LIKE 'db00000'") == []
+    zk = ["--zk", fleet.zk_address, "--cluster", fleet.cluster]
+    assert cli.main(["ops", "list", *zk]) == 0
+    out = capsys.readouterr().out
+    assert "split-16-31" in out and "replicate" in out and "yes" in out, out
+    assert cli.main(["ops", "show", "split-16-31", *zk]) == 0
+    assert '"step": "replicate"' in capsys.readouterr().out
+    with fleet.split() as sp:  # the split in flight itself continues
+        assert sp.run("all")[-1].step == "cutover"
+    assert cli.main(["ops", "list", *zk]) == 0
+    assert "no operation in flight" in capsys.readouterr().out
