@@ -1,6 +1,15 @@
-"""Operation journals and per-pair locks in ZooKeeper, beside the map.
+"""The operation runner: step tables, journals, locks and the registry of operations in flight.
 
-Layout under the cluster's root (``/shardfleet/<cluster>``)::
+An operation (split, promotion, rebuild) is a table of :class:`Step`: a name, "is it
+done?" (read from the servers and the map, not only the journal), the action, and
+what check mode says it would do. :class:`Runner` owns everything around the table:
+the locks of every server the operation changes, held for the whole run; the refusal
+to start beside another unfinished operation on those servers (the journals are the
+registry, so this holds across runs and across processes); check mode; resume (a
+done step is skipped, so a rerun continues where a failed run stopped).
+
+Journals and locks live in ZooKeeper, beside the map. Layout under the cluster's
+root (``/shardfleet/<cluster>``)::
 
     ops/journal/<name>   JSON journal of one operation (split, promotion)
     ops/locks/<name>     kazoo Lock: one operation at a time per pair
@@ -14,9 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardfleet.errors import MapConflictError, ShardfleetError
@@ -194,6 +203,88 @@ def refuse_if_busy(store: ZooKeeperMapStore, servers: list[str], me: str) -> Non
               "`shardfleet ops list` and `shardfleet ops show NAME`. Nothing changed")
 
 
+@dataclass
+class StepResult:
+    """What one step did (or, in check mode, would do)."""
+
+    step: str
+    changed: bool
+    msg: str
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "changed": self.changed, "msg": self.msg,
+                "seconds": round(self.seconds, 3), **self.details}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of an operation's step table.
+
+    * ``done()`` — is the step's effect already there (read from the servers, the map,
+      the journal)? A done step is skipped: that is what makes a rerun a resume.
+    * ``action()`` — do it (idempotent: a crash inside it is resumed by running it again).
+    * ``would`` — what check mode reports for a step that is not done.
+    * ``always`` — run even when ``done()`` (validation steps such as a split's check).
+    """
+
+    name: str
+    done: Callable[[], bool]
+    action: Callable[[], StepResult]
+    would: str = ""
+    always: bool = False
+
+
+class Runner:
+    """Run an operation's step table under its servers' locks (see the module docstring).
+
+    *name* is the operation's journal name (so the registry does not refuse the
+    operation its own journal), *servers* every server it changes.
+    """
+
+    def __init__(self, store: ZooKeeperMapStore, name: str, servers: Sequence[str], *,
+                 lock_timeout: float = 5.0, identifier: str = "") -> None:
+        self.store, self.name = store, name
+        self.servers = sorted({s for s in servers if s})
+        self.lock_timeout = lock_timeout
+        self.identifier = identifier or name
+        self.after_step: Callable[[str], None] | None = None  # a hook for tests
+
+    @contextmanager
+    def held(self, prepare: Callable[[], str] | None = None) -> Iterator[None]:
+        """The locks of every server; then *prepare()* (it may read the journal and
+        return the operation's name, known only then); then the registry's refusal. All
+        under the locks, so no other operation can start between the look and the
+        first change."""
+        with servers_lock(self.store, self.servers, timeout=self.lock_timeout,
+                          identifier=self.identifier):
+            if prepare is not None:
+                self.name = prepare()
+            refuse_if_busy(self.store, self.servers, self.name)
+            yield
+
+    def run(self, steps: Sequence[Step], *, check: bool = False) -> list[StepResult]:
+        """Each step in order: skipped when done, described in *check* mode, else run.
+        Call it inside :meth:`held` (check mode takes no lock: it changes nothing)."""
+        if check:
+            refuse_if_busy(self.store, self.servers, self.name)
+        out: list[StepResult] = []
+        for s in steps:
+            if not s.always and s.done():
+                out.append(StepResult(s.name, False, f"{s.name}: done already"))
+                continue
+            if check and not s.always:
+                out.append(StepResult(s.name, True, f"would {s.would or s.name}"))
+                continue
+            res = s.action()
+            out.append(res)
+            log.info("%s: %s %s", self.name, s.name, res.msg)
+            if self.after_step is not None and not check:
+                self.after_step(s.name)
+        return out
+
+
 __all__ = ["InFlight", "Journal", "LockBusy", "MapConflictError", "OperationInFlight",
-           "in_flight", "journals", "pair_lock", "refuse_if_busy", "server_lock_name",
-           "servers_lock"]
+           "Runner", "Step", "StepResult", "in_flight", "journals", "pair_lock",
+           "refuse_if_busy", "server_lock_name", "servers_lock"]

@@ -46,13 +46,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardfleet import provision, replication, topology
 from shardfleet.errors import DatabaseError, MapError, MapWriteUnknown, ShardfleetError
 from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
-from shardfleet.ops import Journal, refuse_if_busy, servers_lock
+from shardfleet.ops import Journal, Runner, Step, StepResult, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
 
@@ -93,19 +93,6 @@ class SplitSpec:
     target_standby: str | None = None
     moving: tuple[int, int] | None = None
     name: str | None = None
-
-
-@dataclass
-class StepResult:
-    step: str
-    changed: bool
-    msg: str
-    seconds: float = 0.0
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "changed": self.changed, "msg": self.msg,
-                "seconds": round(self.seconds, 3), **self.details}
 
 
 def upper_half(r: ShardRange) -> tuple[int, int]:
@@ -934,30 +921,81 @@ class Split:
                           time.monotonic() - t0)
 
     # -- driving -------------------------------------------------------------
-    def run(self, step: str, *, cleanup: bool = False) -> list[StepResult]:
+    def run(self, step: str, *, cleanup: bool = False, check: bool = False
+            ) -> list[StepResult]:
         """Run *step* (or ``all``: check, clone, replicate, cutover, and cleanup when asked)
-        under both pairs' locks."""
+        on the operation runner: the servers' locks for the whole run, no other
+        operation in flight on them, done steps skipped. *check*: change nothing, say
+        what would run (the check step itself runs: it only reads)."""
         if step not in STEPS + ("all", "abort"):
             raise SplitError(f"step {step!r} is not one of {', '.join(STEPS + ('all', 'abort'))}")
-        with self.locked():
-            if step != "abort":
+        if step == "abort":
+            with self.locked():
                 self.resolve()
-                servers = [self.spec.source, self.spec.target]
-                refuse_if_busy(self.store, servers + ([self.spec.target_standby]
-                                                      if self.spec.target_standby else []),
-                               self.name)
-            if step == "abort":
-                self.resolve()
+                if check:
+                    data = self.journal.data if self.journal else None
+                    todo = 0 <= self.progress(data) < PROGRESS["cutover"]
+                    return [StepResult("abort", todo, "would undo the split" if todo
+                                       else "nothing to undo")]
                 return [self.abort()]
-            names = (["check", "clone", "replicate", "cutover"] + (["cleanup"] if cleanup else [])
-                     if step == "all" else (["check", step] if step != "check" else ["check"]))
-            out = []
-            for name in names:
-                res = getattr(self, name)()
-                out.append(res)
-                if self.after_step is not None:
-                    self.after_step(name)
-            return out
+        names = (["check", "clone", "replicate", "cutover"] + (["cleanup"] if cleanup else [])
+                 if step == "all" else (["check", step] if step != "check" else ["check"]))
+        runner = self.runner()
+        runner.after_step = self.after_step
+        if check:
+            self.resolve()
+            runner.name = self.name
+            return runner.run(self.steps(names), check=True)
+
+        def prepare() -> str:
+            self.resolve()
+            return self.name
+
+        with runner.held(prepare):
+            return runner.run(self.steps(names))
+
+    def runner(self) -> Runner:
+        return Runner(self.store, self.spec.name or "split", [
+            self.spec.source, self.spec.target, self.spec.target_standby or ""],
+            lock_timeout=self.lock_timeout,
+            identifier=f"split {self.spec.source} -> {self.spec.target}")
+
+    def steps(self, names: Sequence[str]) -> list[Step]:
+        """The split's step table (see the module docstring), the rows *names*."""
+        a, b = self.moving
+
+        def done(step: str) -> Callable[[], bool]:
+            return lambda: self.progress(self.journal.data if self.journal else None) \
+                >= PROGRESS[step]
+
+        def replicating() -> bool:
+            if done("cutover")():
+                return True
+            if not done("replicate")():
+                return False
+            ch = self._channel(self.spec.target)
+            return ch is not None and (ch.get("Slave_IO_Running"),
+                                       ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
+
+        def cloned() -> bool:  # the journal says so and the copies are there
+            return done("replicate")() or (done("clone")() and set(self.databases) <= (
+                self._shard_dbs(self.spec.target)))
+
+        table = {
+            "check": Step("check", lambda: False, self.check, always=True),
+            "clone": Step("clone", cloned, self.clone,
+                          f"copy shards {a}..{b} from {self.spec.source} to {self.spec.target} "
+                          "at one consistent snapshot"),
+            "replicate": Step("replicate", replicating, self.replicate,
+                              f"replicate the moving shards from {self.spec.source} to "
+                              f"{self.spec.target} until caught up"),
+            "cutover": Step("cutover", done("cutover"), self.cutover,
+                            f"freeze shards {a}..{b}, fence them on {self.spec.source}, drain, "
+                            f"flip them to {self.spec.target}"),
+            "cleanup": Step("cleanup", done("cleanup"), self.cleanup,
+                            f"drop shards {a}..{b} from {self.spec.source}"),
+        }
+        return [table[n] for n in names]
 
     def status(self) -> dict[str, Any]:
         """The journal (resolving the moving range) and the map's entry for it; changes nothing."""
