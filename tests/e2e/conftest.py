@@ -58,6 +58,33 @@ class Run:
         return out
 
 
+def replication_rows(status_output: str) -> dict[str, tuple[str, str]]:
+    """fleet-status.yml's MySQL rows: {node: (pair, "IO/SQL")}."""
+    rows = {}
+    for m in re.finditer(r"^\s*(pair\d+)\s+(\S+)\s+[ab]\s+\S+\s+\S+\s+(\S+/\S+)\s", status_output,
+                         re.M):
+        rows[m.group(2)] = (m.group(1), m.group(3))
+    return rows
+
+
+def assert_pairs_replicate(play: Any, inventory: Path | None = None, *,
+                           except_pairs: tuple[str, ...] = (), timeout: float = 120) -> str:
+    """Run fleet-status.yml (through *play*: a callable taking the playbook path) until
+    every MySQL node of every pair but *except_pairs* shows replication IO/SQL Yes/Yes
+    (bounded; a node just restarted may take a moment to connect); the last output."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rc, out = play(REPO / "playbooks" / "fleet-status.yml")
+        rows = replication_rows(out)
+        bad = {n: v for n, v in rows.items() if v[0] not in except_pairs and v[1] != "Yes/Yes"}
+        if rc == 0 and rows and not bad:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fleet-status.yml: pairs not replicating both ways: {bad} "
+                                 f"(rc {rc})\n{out[-3000:]}")
+        time.sleep(3)
+
+
 @dataclass
 class Fleet:
     inventory: Path

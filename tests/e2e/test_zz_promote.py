@@ -29,7 +29,7 @@ from shardfleet.router import Router
 from shardfleet.store import Store
 from tests.integration.test_promote import Writer, missing_ids
 
-from .conftest import Fleet
+from .conftest import Fleet, assert_pairs_replicate
 
 pytestmark = pytest.mark.e2e
 PAIR = "pair001"
@@ -130,7 +130,23 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
                 time.sleep(0.5)
         finally:
             oc.close()
-        _check_acked(fleet, old, w.acked[:-50])  # the newest may still be in flight
+        # the old master (now the standby) may lag: wait for the new master's position
+        # (on a busy machine a few hundred writes), never a count
+        nc = _admin(fleet, new)
+        try:
+            pos = _one(nc, "SELECT @@GLOBAL.gtid_binlog_pos")
+        finally:
+            nc.close()
+        oc = _admin(fleet, old, timeout=10)
+        try:
+            with oc.cursor() as c:
+                c.execute("SELECT MASTER_GTID_WAIT(%s, 120)", (pos,))
+                assert c.fetchone()[0] == 0, f"{old} did not apply {pos} within 120 s"
+        finally:
+            oc.close()
+        _check_acked(fleet, old, w.acked)
+        assert_pairs_replicate(lambda pb: (lambda r: (r.rc, r.output))(
+            fleet.playbook(pb.name)))
         assert t1 - t0 < 60
         again = fleet.playbook("promote.yml", "-e", f"pair={PAIR}", "-e", f"promote_master={new}")
         assert again.rc == 0 and "changed=0" in again.output, again.output[-2000:]
@@ -158,6 +174,9 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
         r2 = next(r for r in mapstore.read().map.ranges if r.bounds == r0.bounds)
         assert r2.master == old and r2.extra.get("rebuild") == new, r2.to_dict()
         assert "rebuild-standby.yml" in em.output
+        # every other pair still replicates both ways (pair001 waits for its rebuild)
+        assert_pairs_replicate(lambda pb: (lambda r: (r.rc, r.output))(
+            fleet.playbook(pb.name)), except_pairs=(PAIR,))
 
         # -- the killed master comes back read-only and takes no writes -----------------
         subprocess.run(["podman", "start", dead], check=True, capture_output=True)
