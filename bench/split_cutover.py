@@ -16,11 +16,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
 
 from shardfleet.store import Store  # noqa: E402
 from shardfleet.testing import ZooKeeperServer  # noqa: E402
-from tests.integration.test_split_support import (  # noqa: E402
+from shardfleet.testing.kit import (  # noqa: E402
     SplitFleet,
     Writer,
     make_server,

@@ -46,8 +46,8 @@ from shardfleet.router import Router
 from shardfleet.shardmap import ShardMap, ShardRange
 from shardfleet.split import PROGRESS, upper_half
 from shardfleet.store import Store
+from shardfleet.testing.kit import Writer, WriterLog, check_writes
 from tests.e2e.conftest import BIN, NET_TO, PREFIX_TO, REPO, Fleet, assert_pairs_replicate
-from tests.integration.test_split_support import Writer, WriterLog, check_writes
 
 pytestmark = pytest.mark.e2e
 # host -> (pair, side, address)

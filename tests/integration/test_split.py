@@ -16,8 +16,7 @@ from shardfleet.router import Router
 from shardfleet.split import Credentials, CutoverAborted, Split, SplitError, SplitSpec
 from shardfleet.store import Store
 from shardfleet.testing import MariaDBServer
-
-from .test_split_support import (
+from shardfleet.testing.kit import (
     APP_PASSWORD,
     APP_USER,
     REPL_PASSWORD,

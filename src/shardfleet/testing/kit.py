@@ -1,8 +1,17 @@
-"""Harness of the split tests and of bench/split_cutover.py: a source MariaDB, a target
-GTID master-master pair (two MariaDB host processes), a bounded writer through the
-routing library that logs every acknowledged write, and the checks run after a split.
+"""The test kit the integration, e2e and fault tests and the benchmarks share.
 
-No tests here; the module is named test_split* to sit with the files the split owns.
+* :class:`Writer` — a bounded writer through the routing library (several threads,
+  creates and read-modify-write updates) whose :class:`WriterLog` holds every
+  acknowledged write (``acked``: the last acknowledged version per object) and every
+  errored one (``uncertain``: an update that failed may or may not have happened;
+  ``errors``: creates that failed may have left a row);
+* :func:`check_writes` — the checker over that log and the servers: nothing
+  acknowledged lost or stale, no row nobody acknowledged beyond the errored creates,
+  no write accepted by a server the map no longer names;
+* :func:`pair_up` / :func:`wait_pair_synced` — wiring two MariaDB servers
+  master-master with GTID as the ``mysql`` role does, and waiting for a position;
+* :class:`SplitFleet` — a source server and a target pair with a fresh map, for the
+  split's tests and ``bench/split_cutover.py``.
 """
 
 from __future__ import annotations
