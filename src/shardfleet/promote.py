@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pymysql
+from kazoo.exceptions import KazooException
 
 from shardfleet import replication, shardmap, topology
 from shardfleet.errors import DatabaseError, MapConflictError, ShardfleetError
@@ -84,6 +85,11 @@ class Options:
     trx_timeout: float = 2.0        # open write transactions on the fenced master
     lock_timeout: float = 2.0
     force: bool = False
+    # the pair's replication account: a rebuild after an emergency recreates the new
+    # master's channel to the rebuilt node (the emergency removed it), and MariaDB never
+    # shows a channel's password, so it cannot be copied from the other side
+    replication_user: str = "shardfleet_repl"
+    replication_password: str = ""
 
 
 @dataclass
@@ -105,6 +111,7 @@ class Result:
     changes: list[str] = field(default_factory=list)
     resumed: bool = False
     next_step: str = ""
+    channel_removed: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -116,14 +123,51 @@ def _connect(server: str, opts: Options) -> pymysql.connections.Connection:
     return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout)
 
 
-def try_connect(server: str, opts: Options) -> tuple[Any | None, str]:
-    """(connection, "") when *server* answers a query, else (None, why)."""
+def mysql_code(exc: BaseException) -> int:
+    """The MySQL error number behind *exc* (0 if none): :func:`topology.connect` re-raises
+    the driver's error as a DatabaseError, whose context still holds it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, pymysql.err.MySQLError) and seen.args \
+                and isinstance(seen.args[0], int):
+            return int(seen.args[0])
+        seen = seen.__cause__ or seen.__context__
+    return 0
+
+
+def reach(server: str, opts: Options) -> tuple[Any | None, str, bool]:
+    """(connection, "", False) when *server* answers a query; else (None, why, refusing).
+
+    *refusing* is True when the server answered with a MySQL error of its own (too many
+    connections 1040, host blocked 1129, access denied 1045/1044, ...): it is alive, and
+    a promotion must not treat it as dead. Only the client's own errors (2003 no route or
+    refused, 2013 no answer within the timeout, ...) and OS errors mean unreachable.
+    """
     try:
         conn = _connect(server, opts)
-        topology.scalar(conn, "SELECT 1")
-        return conn, ""
     except (DatabaseError, pymysql.err.MySQLError, OSError) as exc:
-        return None, str(exc)
+        code = mysql_code(exc)
+        return None, f"MySQL error {code}: {exc}" if code else str(exc), 1000 <= code < 2000
+    try:
+        topology.scalar(conn, "SELECT 1")
+        return conn, "", False
+    except (pymysql.err.MySQLError, OSError) as exc:
+        _close(conn)
+        return None, f"{server}: {_describe(exc)}", 1000 <= mysql_code(exc) < 2000
+
+
+def try_connect(server: str, opts: Options) -> tuple[Any | None, str]:
+    """(connection, "") when *server* answers a query, else (None, why)."""
+    conn, why, _ = reach(server, opts)
+    return conn, why
+
+
+def _alive_refusing(server: str, why: str) -> PromotionRefused:
+    return PromotionRefused(
+        f"the master {server} is alive but refuses the admin connection ({why}): it is NOT "
+        "dead, so an emergency promotion would leave two masters. Fix the access (free "
+        "connections, FLUSH HOSTS for a blocked host, the admin password or grants), then "
+        "use mode=planned (zero loss); nothing changed")
 
 
 def _close(conn: Any) -> None:
@@ -151,6 +195,21 @@ def _channel_sql(verb: str, row: dict[str, Any] | None, thread: str = "") -> str
     name = (row or {}).get("Connection_name") or ""
     quoted = f" '{name}'" if name else ""
     return f"{verb} SLAVE{quoted}{(' ' + thread) if thread else ''}"
+
+
+def _name_sql(row: dict[str, Any] | None) -> str:
+    name = (row or {}).get("Connection_name") or ""
+    return f" '{name}'" if name else ""
+
+
+def _channel_record(row: dict[str, Any]) -> dict[str, Any]:
+    """What a channel was (no password: MariaDB never shows it), enough to recreate it."""
+    return {"name": str(row.get("Connection_name") or ""),
+            "host": str(row.get("Master_Host") or ""),
+            "port": int(row.get("Master_Port") or 0),
+            "user": str(row.get("Master_User") or ""),
+            "connect_retry": int(row.get("Connect_Retry") or 0),
+            "using_gtid": str(row.get("Using_Gtid") or "")}
 
 
 def _read_only(conn: Any) -> bool:
@@ -270,10 +329,14 @@ class _Run:
         self.journal = Journal(store, f"promote-{pair}")
         self.t0 = time.monotonic()
         self.start: dict[str, Any] = {}
+        self.begun = False     # a change may have happened (the journal was started)
+        self.switched = False  # an unfinished planned promotion continued as an emergency
+        self.nodes: list[str] = []
 
     def begin(self) -> None:
         """Record the operation in the journal: the first change is about to happen."""
         if not self.check:
+            self.begun = True
             self.journal.save(self.start)
 
     def step(self, name: str, **fields: Any) -> None:
@@ -305,13 +368,18 @@ def _lock(store: ZooKeeperMapStore, nodes: list[str], opts: Options, check: bool
 
 
 def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str = "planned",
-            master: str | None = None, opts: Options | None = None,
-            check: bool = False) -> Result:
+            master: str | None = None, expect_master: str | None = None,
+            opts: Options | None = None, check: bool = False) -> Result:
     """Promote the standby of *pair* (its two servers *nodes*, ``host:port``).
 
     *master*: the server that should be the master afterwards (default: the
-    map's standby; a finished promotion to it is no change). Raises
-    :class:`PromotionRefused` (nothing changed) or :class:`PromotionFailed`.
+    map's standby; a finished promotion to it is no change). *expect_master*: the
+    server the caller believes is the master now; when the map names another one
+    the call is refused (the promotion already happened, or someone else
+    promoted), so rerunning a finished command never swaps the pair back.
+    Raises :class:`PromotionRefused` (nothing changed) or :class:`PromotionFailed`;
+    no driver error (PyMySQL, kazoo, socket) escapes: before the first change it
+    is a refusal, after it a failure that says what state the pair was left in.
     """
     opts = opts or Options()
     if mode not in MODES:
@@ -321,20 +389,78 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
     nodes = [n for n in dict.fromkeys(nodes) if n]
     if len(nodes) != 2:
         raise PromotionRefused(f"pair {pair} must have exactly two servers, got {nodes}")
+    if expect_master and expect_master not in nodes:
+        raise PromotionRefused(f"expect_master {expect_master} is not a server of pair {pair} "
+                               f"({', '.join(nodes)}); nothing changed")
     res = Result(mode=mode, pair=pair)
+    run = _Run(store, pair, res, check)
+    run.nodes = nodes
+    try:
+        return _promote(run, nodes, mode, master, expect_master, opts)
+    except (PromotionRefused, PromotionFailed):
+        raise
+    except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
+        raise _unexpected(run, exc) from exc
+
+
+def _unexpected(run: _Run, exc: BaseException) -> ShardfleetError:
+    """A refusal (nothing changed yet) or a failure naming the step reached, for an error
+    no step expected (a server or ZooKeeper gone mid-statement, a missing privilege)."""
+    what = _describe(exc)
+    log.warning("promote %s: %s", run.pair, what)
+    if not run.begun:
+        return PromotionRefused(f"promotion of {run.pair} ({', '.join(run.nodes)}) stopped "
+                                f"before any change: {what}; nothing changed")
+    step = (run.journal.data or {}).get("step", "start")
+    return PromotionFailed(
+        f"promotion of {run.pair} ({run.res.mode}) failed after step {step!r}: {what}. The "
+        "pair's ranges may be left frozen (writes to them wait); the journal "
+        f"{run.journal.path} records the steps: fix the cause and rerun the same command "
+        "to continue")
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a driver error (the MySQL error number when there is one)."""
+    code = mysql_code(exc)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, KazooException):
+        return f"ZooKeeper: {type(exc).__name__} {text}".strip()
+    if code and not isinstance(exc, ShardfleetError):
+        msg = exc.args[-1] if len(exc.args) > 1 else text
+        return f"MySQL error {code}: {msg}"
+    return text
+
+
+def _rerun_cmd(pair: str, mode: str, expect: str) -> str:
+    return (f"ansible-playbook playbooks/promote.yml -e pair={pair}"
+            f"{' -e mode=emergency' if mode == 'emergency' else ''} -e expect_master={expect}")
+
+
+def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
+             expect_master: str | None, opts: Options) -> Result:
+    store, pair, res, check = run.store, run.pair, run.res, run.check
     cur = store.read()
     if cur.map is None:
         raise PromotionRefused("there is no shard map in ZooKeeper")
     res.map_before = cur.map.table()
     with _lock(store, nodes, opts, check):
-        run = _Run(store, pair, res, check)
         journal = run.journal.load()
         if journal and not journal.get("done"):
-            # an interrupted promotion: finish it, whatever this call asked for
-            mode, master = journal["mode"], journal["new_master"]
+            # an interrupted promotion: finish it. The mode is the journal's, except that
+            # a planned one whose master died may continue as an emergency (same target):
+            # a planned promotion cannot finish without its master.
+            if journal["mode"] == "planned" and mode == "emergency":
+                run.switched = True
+                res.warnings.append(
+                    f"continuing the unfinished planned promotion to {journal['new_master']} "
+                    f"as an emergency promotion (journal step {journal.get('step')})")
+            else:
+                mode = journal["mode"]
+                res.warnings.append(f"resuming the unfinished {mode} promotion to "
+                                    f"{journal['new_master']} (journal step "
+                                    f"{journal.get('step')})")
+            master = journal["new_master"]
             res.mode, res.resumed = mode, True
-            res.warnings.append(f"resuming the unfinished {mode} promotion to {master} "
-                                f"(journal step {journal.get('step')})")
         ranges = pair_ranges(cur.map, nodes)
         if not ranges:
             raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
@@ -350,6 +476,8 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
         bounds = {r.bounds for r in ranges}
         if new == old and not res.resumed:
             return _already(res, ranges, store, cur.map, journal, opts)
+        if expect_master:
+            _check_expected(res, old, expect_master, journal)
         if res.resumed and new == old:
             # the map was flipped before the run stopped: only the unfreeze is left
             old = journal["old_master"] if journal else next(n for n in nodes if n != new)
@@ -371,6 +499,8 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
                      "ranges": res.ranges, "done": False, "step": "start",
                      "steps": (journal or {}).get("steps", []) if res.resumed else [],
                      "started_at": time.time()}
+        if res.resumed and journal and journal.get("channel"):
+            run.start["channel"] = journal["channel"]  # what an earlier run removed
         if mode == "planned":
             _planned(run, old, new, bounds, opts)
         else:
@@ -386,6 +516,30 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
                                   errant=res.errant))
     res.next_step = _next_step(res)
     return res
+
+
+def _check_expected(res: Result, current: str, expect: str,
+                    journal: dict[str, Any] | None) -> None:
+    """Refuse unless the map's master is *expect* (or an unfinished promotion from it is
+    being continued): a rerun of a finished command must not promote the pair back."""
+    if current == expect:
+        return
+    if journal and not journal.get("done") and journal.get("old_master") == expect:
+        return  # the unfinished promotion from expect (its flip may be done): continue it
+    if journal and journal.get("done") and not journal.get("failed") \
+            and journal.get("old_master") == expect and journal.get("new_master") == current:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                             time.gmtime(float(journal.get("finished_at") or 0)))
+        raise PromotionRefused(
+            f"the promotion already happened: {res.pair}'s master is {current} since the "
+            f"{journal.get('mode')} promotion from {expect} finished at {when}; nothing "
+            "changed. To promote again (back to " + expect + "), rerun with "
+            f"-e expect_master={current}")
+    raise PromotionRefused(
+        f"{res.pair}'s master is {current}, not {expect} (expect_master): the promotion "
+        "already happened or someone else promoted; nothing changed. Look first "
+        "(ansible-playbook playbooks/fleet-status.yml); to promote from the current master "
+        f"rerun with -e expect_master={current}")
 
 
 def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m: ShardMap,
@@ -424,7 +578,13 @@ def _next_step(res: Result) -> str:
 
 def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: Options) -> None:
     res, store = run.res, run.store
-    mconn, why = try_connect(old, opts)
+    mconn, why, refusing = reach(old, opts)
+    if mconn is None and res.resumed and not refusing:
+        raise PromotionRefused(
+            f"the master {old} does not answer ({why}); the unfinished planned promotion of "
+            f"{run.pair} to {new} left its ranges frozen. If {old} is dead, continue it as an "
+            f"emergency promotion (same new master): {_rerun_cmd(run.pair, 'emergency', old)}"
+            f" (library: mode='emergency'); if {old} comes back, rerun this same command")
     if mconn is None:
         raise PromotionRefused(f"the master {old} does not answer ({why}): a planned promotion "
                                "needs it; if it is dead use mode=emergency")
@@ -466,26 +626,32 @@ def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: 
             return
         run.begin()
         t_freeze = time.monotonic()
-        _write_map(store, lambda m: _freeze(m, bounds, run.pair))
-        run.step("frozen")
-        replication.set_read_only(mconn, True)
-        left = replication.wait_no_write_transactions(mconn, opts.trx_timeout)
-        run.step("old_read_only", open_write_transactions=left)
-        pos = replication.gtid_position(mconn)
-        res.gtid["master_final"] = pos
         try:
+            _write_map(store, lambda m: _freeze(m, bounds, run.pair))
+            run.step("frozen")
+            replication.set_read_only(mconn, True)
+            left = replication.wait_no_write_transactions(mconn, opts.trx_timeout)
+            run.step("old_read_only", open_write_transactions=left)
+            pos = replication.gtid_position(mconn)
+            res.gtid["master_final"] = pos
             replication.wait_for_gtid(sconn, pos, opts.drain_timeout)
-        except replication.ReplicationTimeout as exc:
-            replication.set_read_only(mconn, False)
-            _write_map(store, lambda m: _unfreeze(m, bounds))
-            run.step("rolled_back", error=str(exc))
-            run.journal.save(dict(run.journal.data or {}, done=True, failed=str(exc)))
-            raise PromotionFailed(f"rolled back (master {old} writable again, ranges unfrozen): "
-                                  f"{exc}") from None
+        except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
+            raise _planned_rollback(run, old, new, bounds, exc, opts) from exc
         run.step("drained", position=pos)
-        replication.set_read_only(sconn, False)
-        run.step("new_writable")
-        _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=False))
+        try:
+            replication.set_read_only(sconn, False)
+            run.step("new_writable")
+            _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=False))
+        except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
+            # the standby may be writable already: never make the old master writable again
+            # here; a rerun finishes the flip (or, the master dead, continues as emergency)
+            _record_failure(run, exc)
+            raise PromotionFailed(
+                f"the planned promotion of {run.pair} failed after the drain: "
+                f"{_describe(exc)}. State left: ranges FROZEN (writes wait), {old} read_only, "
+                f"{new} has every write of {old} and may be writable. Rerun the same command "
+                f"to finish ({_rerun_cmd(run.pair, 'planned', old)}); if {old} is dead: "
+                f"{_rerun_cmd(run.pair, 'emergency', old)}") from exc
         res.timings["frozen_seconds"] = round(time.monotonic() - t_freeze, 3)
         run.step("flipped")
         ch = _channel(mconn)
@@ -499,6 +665,56 @@ def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: 
         _close(sconn)
 
 
+def _record_failure(run: _Run, exc: BaseException) -> None:
+    """Note the failure in the (unfinished) journal; best effort, ZooKeeper may be the cause."""
+    try:
+        run.journal.save(dict(run.journal.data or {}, failed=_describe(exc),
+                              failed_at=time.time()))
+    except (ShardfleetError, KazooException, OSError):
+        log.warning("promote %s: could not record the failure in %s", run.pair,
+                    run.journal.path, exc_info=True)
+
+
+def _planned_rollback(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
+                      exc: BaseException, opts: Options) -> PromotionFailed:
+    """Undo a planned promotion that failed before the standby became writable.
+
+    The master writable again and the ranges unfrozen, when the master answers (on a
+    fresh connection: the promotion's own may be what broke). When it does not, the
+    ranges stay frozen and the journal unfinished: it may be dead, and only an
+    emergency promotion (same new master) may then finish what this one started.
+    """
+    what = _describe(exc)
+    conn, why, refusing = reach(old, opts)
+    if conn is None:
+        _record_failure(run, exc)
+        alive = ("it answers with an error (alive but refusing)" if refusing
+                 else "it does not answer")
+        return PromotionFailed(
+            f"the planned promotion of {run.pair} stopped: {what}; then the master {old} could "
+            f"not be made writable again: {alive} ({why}). State left: ranges FROZEN (writes "
+            f"to them wait), {new} read_only (not promoted), {old} possibly read_only; the "
+            f"journal {run.journal.path} is unfinished. If {old} is dead, continue as an "
+            f"emergency promotion to {new}: {_rerun_cmd(run.pair, 'emergency', old)}; if it "
+            f"is alive, rerun the same command: {_rerun_cmd(run.pair, 'planned', old)}")
+    try:
+        replication.set_read_only(conn, False)
+        _write_map(run.store, lambda m: _unfreeze(m, bounds))
+        run.step("rolled_back", error=what)
+        run.journal.save(dict(run.journal.data or {}, done=True, failed=what))
+    except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as again:
+        _record_failure(run, again)
+        return PromotionFailed(
+            f"the planned promotion of {run.pair} stopped ({what}) and its rollback failed "
+            f"({_describe(again)}). State left: ranges possibly FROZEN, {old} possibly "
+            f"read_only, {new} read_only; rerun the same command: "
+            f"{_rerun_cmd(run.pair, 'planned', old)}")
+    finally:
+        _close(conn)
+    return PromotionFailed(f"rolled back (master {old} writable again, ranges unfrozen; "
+                           f"nothing changed): {what}")
+
+
 def _applied_all_received(ch: dict[str, Any]) -> bool:
     if "has read all relay log" in str(ch.get("Slave_SQL_Running_State") or ""):
         return True  # every complete transaction received is applied
@@ -509,7 +725,16 @@ def _applied_all_received(ch: dict[str, Any]) -> bool:
 def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
                opts: Options) -> None:
     res, store = run.res, run.store
-    mconn, why = try_connect(old, opts)
+    mconn, why, refusing = reach(old, opts)
+    if refusing:
+        # alive: even forced, it could not be fenced, and two masters would take writes
+        raise _alive_refusing(old, why)
+    if mconn is not None and run.switched and not opts.force:
+        _close(mconn)
+        raise PromotionRefused(
+            f"the master {old} answers: the unfinished planned promotion of {run.pair} to "
+            f"{new} can finish as planned (zero loss): {_rerun_cmd(run.pair, 'planned', old)}; "
+            "nothing changed")
     if mconn is not None and not opts.force and not res.resumed:
         _close(mconn)
         raise PromotionRefused(f"the master {old} answers: use mode=planned (zero loss), or "
@@ -549,6 +774,14 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
             # STOP waits for it: stop it from a side connection while the relay log
             # drains (a dead master sends nothing meanwhile; a forced one is fenced).
             stopper = _Stopper(new, ch, opts)
+            if ch.get("Slave_SQL_Running") != "Yes" and not ch.get("Last_SQL_Errno"):
+                # stopped by hand, not by an error (or by an interrupted planned promotion's
+                # operator): what it received must be applied, or acknowledged writes are lost
+                with sconn.cursor() as c:
+                    c.execute(_channel_sql("START", ch, "SQL_THREAD"))
+                res.warnings.append(f"{new}'s replication SQL thread was stopped (no error): "
+                                    "started it to apply the relay log")
+                ch = _channel(sconn) or ch
             deadline = time.monotonic() + opts.drain_timeout
             while True:
                 ch = _channel(sconn) or {}
@@ -569,9 +802,12 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
             res.gtid["received"] = received
             with sconn.cursor() as c:
                 c.execute(_channel_sql("STOP", ch, "SQL_THREAD"))
-            run.step("drained", received=received)
+            res.channel_removed = _channel_record(ch)
+            run.step("drained", received=received, channel=res.channel_removed)
         else:
-            res.warnings.append(f"{new} has no replication channel from {old}")
+            res.channel_removed = dict((run.journal.data or {}).get("channel") or {})
+            if not res.channel_removed:
+                res.warnings.append(f"{new} has no replication channel from {old}")
             received = ""
         sbin = replication.gtid_position(sconn)
         res.gtid["standby_binlog"] = sbin
@@ -598,10 +834,18 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
             stopper.join(opts.drain_timeout)
             if stopper.is_alive() or stopper.error:
                 res.warnings.append(f"{new}'s replication I/O thread from {old} did not stop "
-                                    f"({stopper.error or 'still waiting'}): run STOP SLAVE on "
-                                    f"{new} before {old} comes back")
+                                    f"({stopper.error or 'still waiting'}), so its channel "
+                                    f"was not removed: run STOP SLAVE{_name_sql(ch)} and "
+                                    f"RESET SLAVE{_name_sql(ch)} ALL on {new} before {old} "
+                                    f"comes back or {new} restarts")
             else:
                 run.step("replication_stopped")
+                # a stopped channel still restarts with the server (and reconnects to the
+                # returned old master, applying its unacknowledged tail): remove it.
+                # The journal keeps what it was; rebuild_standby recreates it.
+                with sconn.cursor() as c:
+                    c.execute(_channel_sql("RESET", ch, "ALL"))
+                run.step("channel_removed", channel=res.channel_removed)
     finally:
         _close(mconn)
         _close(sconn)
@@ -705,6 +949,33 @@ def copy_shards(source: str, dest: str, databases: list[str], opts: Options) -> 
                                       f"{(derr or loader.stderr.decode(errors='replace'))[-500:]}")
 
 
+def _recreate_channel(store: ZooKeeperMapStore, pair: str, node: str, nch: dict[str, Any],
+                      opts: Options) -> dict[str, Any]:
+    """The master's channel from *node* to create (a ``SHOW SLAVE STATUS``-shaped row).
+
+    Host, port, user, name and retry come from what the emergency recorded in its journal
+    when it removed the channel (it pointed at *node*, the old master); without that
+    record, from the map's address of *node* and the user *node* itself replicates with.
+    The password cannot be read back from any server: it must be given.
+    """
+    if not opts.replication_password:
+        raise PromotionRefused(
+            f"the master has no replication channel from {node} (an emergency promotion "
+            "removed it) and the rebuild must recreate it: give the replication account's "
+            "password (module option replication_password, the mysql role's "
+            "mysql_replication_password; library Options.replication_password); "
+            "nothing changed")
+    j = Journal(store, f"promote-{pair}").load() or {}
+    rec = dict(j.get("channel") or {}) if j.get("old_master") == node else {}
+    host, _, port = node.rpartition(":")
+    return {"Connection_name": rec.get("name") or "",
+            "Master_Host": rec.get("host") or host.strip("[]"),
+            "Master_Port": int(rec.get("port") or port),
+            "Master_User": rec.get("user") or str(nch.get("Master_User") or "")
+            or opts.replication_user,
+            "Connect_Retry": int(rec.get("connect_retry") or 10)}
+
+
 def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
                     opts: Options | None = None, check: bool = False) -> Result:
     """Re-attach the node the map marks ``rebuild`` as the pair's standby.
@@ -756,10 +1027,13 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
             raise PromotionRefused(f"the master {master} does not answer ({mwhy})")
         try:
             nch, mch = _channel(nconn), _channel(mconn)
-            if nch is None or mch is None:
+            if nch is None:
                 raise PromotionRefused(
-                    f"{node if nch is None else master} has no replication channel from its "
-                    "peer: apply the mysql role to the pair first")
+                    f"{node} has no replication channel from its peer {master}: apply the "
+                    "mysql role to it first (playbooks/rebuild-standby.yml does)")
+            # an emergency removed the master's channel to the old master: recreate it
+            recreate = None if mch is not None else _recreate_channel(store, pair, node, nch,
+                                                                      opts)
             dbs = [str(r["n"]) for r in topology.dict_rows(
                 mconn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA WHERE "
                        "SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DB_RE,))]
@@ -775,8 +1049,9 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
             replication.set_read_only(nconn, True)
             with nconn.cursor() as c:
                 c.execute(_channel_sql("STOP", nch))
-            with mconn.cursor() as c:
-                c.execute(_channel_sql("STOP", mch))
+            if mch is not None:
+                with mconn.cursor() as c:
+                    c.execute(_channel_sql("STOP", mch))
             with nconn.cursor() as c:
                 c.execute("SET SESSION sql_log_bin=0")
                 for r in topology.dict_rows(
@@ -796,7 +1071,15 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
             with mconn.cursor() as c:
                 c.execute("SET GLOBAL gtid_slave_pos = %s",
                           (replication.gtid_position(nconn),))
-                c.execute(_channel_sql("START", mch))
+                if recreate is not None:
+                    c.execute(f"CHANGE MASTER{_name_sql(recreate)} TO MASTER_HOST=%s, "
+                              "MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
+                              "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=%s",
+                              (recreate["Master_Host"], recreate["Master_Port"],
+                               recreate["Master_User"], opts.replication_password,
+                               recreate["Connect_Retry"]))
+                    res.steps.append(f"recreated {master}'s channel from {node}")
+                c.execute(_channel_sql("START", mch or recreate))
                 if semisync_state(nconn)["replica_enabled"]:  # an emergency turned it off
                     c.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
             replication.wait_for_gtid(nconn, replication.gtid_position(mconn),

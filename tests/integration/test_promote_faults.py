@@ -1,0 +1,231 @@
+"""Promotion under the faults on-call meets halfway: the master dies during a planned
+promotion (the rerun continues it as an emergency), a promoted standby that restarts
+before the rebuild (it must not replicate the old master's tail), and a master that is
+alive but refuses the admin (it is not dead: an emergency must refuse).
+
+Its own pair (module scope, the fixtures of test_promote.py); every test leaves it whole:
+one writable master, one read-only standby, replication running both ways.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pymysql
+import pytest
+
+from shardfleet import ops, promote, replication
+from shardfleet.promote import PromotionFailed, PromotionRefused
+from shardfleet.testing import MariaDBServer
+
+from . import test_promote as tp
+from .test_promote import PAIR, REPL_PASSWORD, REPL_USER, nodes, opts, roles, wait_applied
+
+# the promotion tests' fixtures: a pair of this module's own, a fresh map per test
+pair, zk_store, writer_store = tp.pair, tp.zk_store, tp.writer_store
+
+
+def ropts(**kw: Any) -> promote.Options:
+    """Options with the replication account (the rebuild recreates a removed channel)."""
+    return opts(replication_user=REPL_USER, replication_password=REPL_PASSWORD, **kw)
+
+
+def count_marked(server: MariaDBServer, marker: str, db: str = "db00001") -> int:
+    return int(server.sql(f"SELECT COUNT(*) FROM {db}.pins WHERE body LIKE %s",
+                          (f"%{marker}%",))[0][0])
+
+
+def both_ways(a: MariaDBServer, b: MariaDBServer) -> None:
+    """Both nodes replicate from each other: threads running, a write on each side arrives."""
+    for s in (a, b):
+        deadline = time.monotonic() + 30
+        while True:
+            rows = promote.replica_status(conn := s.connect())
+            conn.close()
+            ok = len(rows) == 1 and rows[0]["Slave_IO_Running"] == "Yes" \
+                and rows[0]["Slave_SQL_Running"] == "Yes"
+            if ok:
+                break
+            assert time.monotonic() < deadline, f"{s.address} is not replicating: {rows}"
+            time.sleep(0.1)
+    for src, dst in ((a, b), (b, a)):
+        mark = uuid.uuid4().hex
+        src.sql("INSERT INTO db00002.pins (body) VALUES (%s)", (f'{{"m": "{mark}"}}',))
+        wait_applied(dst, src)
+        assert count_marked(dst, mark, "db00002") == 1, f"{src.address} -> {dst.address}"
+
+
+def rebuild_and_check(zk_store, pair_, old: MariaDBServer, new: MariaDBServer) -> None:
+    if not old.running:
+        old.start()
+    rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair_), opts=ropts())
+    assert rr.changed and not rr.warnings, rr.to_dict()
+    m = zk_store.read().map
+    assert all(r.master == new.address and r.standby == old.address
+               and "rebuild" not in r.extra for r in m.ranges), m.dumps()
+    both_ways(old, new)
+
+
+# -- A: a planned promotion whose master dies halfway ------------------------------------
+
+def test_planned_interrupted_by_master_death_continues_as_emergency(pair, zk_store,
+                                                                   writer_store, monkeypatch):
+    master, standby = roles(pair)
+    mark = uuid.uuid4().hex
+    real_ro, real_wait = replication.set_read_only, replication.wait_for_gtid
+    seen: dict[str, Any] = {}
+
+    def set_read_only(conn: Any, on: bool) -> bool:
+        if on and conn.port == master.port and "fenced" not in seen:
+            # just before the fence: the standby stops applying, the master takes one
+            # more (semi-sync acknowledged: it is in the standby's relay log) write
+            seen["fenced"] = True
+            standby.sql("STOP SLAVE SQL_THREAD")
+            master.sql("INSERT INTO db00001.pins (body) VALUES (%s)", (f'{{"m": "{mark}"}}',))
+        return real_ro(conn, on)
+
+    def wait_for_gtid(conn: Any, position: str, timeout: float) -> None:
+        if "fenced" in seen and conn.port == standby.port and "killed" not in seen:
+            seen["killed"] = True
+            master.kill()  # the master dies while the promotion waits for the standby
+        real_wait(conn, position, timeout)
+
+    monkeypatch.setattr(replication, "set_read_only", set_read_only)
+    monkeypatch.setattr(replication, "wait_for_gtid", wait_for_gtid)
+    try:
+        with pytest.raises(PromotionFailed) as failed:
+            promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                            opts=opts(drain_timeout=2))
+    finally:
+        monkeypatch.undo()
+    assert seen == {"fenced": True, "killed": True}
+    msg = str(failed.value)
+    assert "frozen" in msg.lower() and "mode=emergency" in msg and master.address in msg, msg
+    m = zk_store.read().map
+    assert all(r.state == "frozen" and r.master == master.address for r in m.ranges)
+    j = ops.Journal(zk_store, f"promote-{PAIR}").load()
+    assert j and not j["done"] and j.get("failed"), j
+    # the plain rerun (planned) says exactly what to run, and changes nothing
+    v = zk_store.read().version
+    with pytest.raises(PromotionRefused, match=r"does not answer.*"
+                       rf"promote\.yml -e pair={PAIR} -e mode=emergency"):
+        promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+    assert zk_store.read().version == v
+    # the rerun as an emergency continues the same promotion
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    assert res.changed and res.resumed and res.mode == "emergency", res.to_dict()
+    assert (res.old_master, res.new_master) == (master.address, standby.address)
+    m = zk_store.read().map
+    assert [r.state for r in m.ranges] == ["open", "closed"], m.dumps()
+    assert all(r.master == standby.address and r.extra.get("rebuild") == master.address
+               and "frozen_from" not in r.extra for r in m.ranges), m.dumps()
+    assert count_marked(standby, mark) == 1, "the acknowledged write was lost"
+    assert writer_store.router.wait_for(
+        lambda m: all(r.master == standby.address for r in m.ranges), 10), "router kept the map"
+    oid = writer_store.create("pin", {"after": mark})
+    assert writer_store.get(oid)["after"] == mark
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load()["done"]
+    rebuild_and_check(zk_store, pair, master, standby)
+
+
+# -- B: the promoted standby keeps no channel to the old master -----------------------------
+
+def test_emergency_removes_the_channel_and_rebuild_recreates_it(pair, zk_store):
+    master, standby = roles(pair)
+    mark = uuid.uuid4().hex
+    # the old master's unacknowledged tail: a write the standby never receives
+    standby.sql("STOP SLAVE IO_THREAD")
+    master.sql("INSERT INTO db00001.pins (body) VALUES (%s)", (f'{{"tail": "{mark}"}}',))
+    tail = master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    master.kill()
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    assert res.changed and res.new_master == standby.address
+    assert standby.sql("SHOW ALL SLAVES STATUS") == [], "the channel to the old master is left"
+    assert res.channel_removed["host"] == "127.0.0.1", res.channel_removed
+    assert int(res.channel_removed["port"]) == master.port and \
+        res.channel_removed["user"] == REPL_USER, res.channel_removed
+    # the old master comes back; the new master restarts before the rebuild
+    master.start()
+    standby.stop()
+    standby.start()
+    standby.sql("SET GLOBAL read_only=OFF")  # it boots read_only like every node
+    rows = standby.sql("SHOW ALL SLAVES STATUS")
+    if rows:  # (the defect) let it replicate what it would
+        standby.sql("SELECT MASTER_GTID_WAIT(%s, 15)", (tail,))
+    assert rows == [], "a channel came back after the restart"
+    assert count_marked(standby, mark) == 0, "the old master's tail reached the new master"
+    rebuild_and_check(zk_store, pair, master, standby)
+    assert count_marked(master, mark) == 0, "the rebuilt node kept its tail"
+
+
+def test_rebuild_refuses_without_the_replication_password(pair, zk_store):
+    """The new master's channel must be recreated: without the replication account the
+    rebuild refuses before changing anything (and says which option)."""
+    master, standby = roles(pair)
+    master.kill()
+    promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    master.start()
+    v = zk_store.read().version
+    with pytest.raises(PromotionRefused, match="replication_password"):
+        promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts())
+    assert zk_store.read().version == v
+    rebuild_and_check(zk_store, pair, master, standby)
+
+
+# -- D: alive but refusing is not dead ----------------------------------------------------
+
+def _hold_all_connections(server: MariaDBServer) -> list[Any]:
+    held = [server.connect()]
+    held[0].cursor().execute("SET GLOBAL max_connections = 1")
+    for _ in range(20):  # root has one connection beyond max_connections
+        try:
+            held.append(server.connect())
+        except pymysql.err.OperationalError as exc:
+            assert exc.args[0] == 1040, exc
+            return held
+    raise AssertionError("max_connections never refused a connection")
+
+
+@pytest.mark.parametrize("how", ["too_many_connections", "access_denied"])
+def test_emergency_refuses_a_master_that_answers_with_an_error(pair, zk_store, how):
+    master, standby = roles(pair)
+    before = zk_store.read()
+    held: list[Any] = []
+    o = opts()
+    if how == "too_many_connections":
+        held = _hold_all_connections(master)
+    else:
+        # an admin account the master refuses (1045) and the standby accepts
+        for s, pw in ((standby, "sf-admin-x"), (master, "sf-admin-other")):
+            conn = s.connect()
+            with conn.cursor() as c:
+                c.execute("SET sql_log_bin=0")
+                c.execute("CREATE USER IF NOT EXISTS 'sf_adm'@'%%' IDENTIFIED BY %s", (pw,))
+                c.execute("GRANT ALL ON *.* TO 'sf_adm'@'%'")
+            conn.close()
+        o = opts(user="sf_adm", password="sf-admin-x")
+    try:
+        with pytest.raises(PromotionRefused, match=r"(?s)is alive.*planned") as refused:
+            promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=o)
+    finally:
+        if held:
+            held[0].cursor().execute("SET GLOBAL max_connections = 500")
+        for c in held:
+            c.close()
+        if how == "access_denied":
+            for s in pair:
+                conn = s.connect()
+                with conn.cursor() as c:
+                    c.execute("SET sql_log_bin=0")
+                    c.execute("DROP USER IF EXISTS 'sf_adm'@'%'")
+                conn.close()
+    code = "1040" if how == "too_many_connections" else "1045"
+    assert code in str(refused.value), refused.value
+    after = zk_store.read()
+    assert after.version == before.version and after.map == before.map
+    assert roles(pair) == (master, standby), "read_only changed"
+    assert standby.sql("SHOW ALL SLAVES STATUS"), "the standby's channel was touched"
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None
+    both_ways(master, standby)
