@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import traceback
+from contextlib import contextmanager
 
 from ansible.module_utils.basic import missing_required_lib
 
@@ -54,12 +55,10 @@ def mysql_connect(module, **kw):
     from shardfleet import topology
 
     p = module.params
-    try:
+    with library_errors(module, f"{p['login_host']}:{p['login_port']}"):
         return topology.connect(f"{p['login_host']}:{p['login_port']}", p["login_user"],
                                 p["login_password"], timeout=p["connect_timeout"],
                                 unix_socket=p["login_unix_socket"], **kw)
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc))
 
 
 def zookeeper_store(module):
@@ -71,13 +70,58 @@ def zookeeper_store(module):
     auth = None
     if p.get("zookeeper_user"):
         auth = (p["zookeeper_user"], p.get("zookeeper_password") or "")
-    try:
+    with library_errors(module, f"ZooKeeper at {hosts}"):
         store = ZooKeeperMapStore(hosts, p["cluster"], root=p["zookeeper_root"], auth=auth,
                                   timeout=p["zookeeper_timeout"])
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc))
     if not store.connected:
         store.close(timeout=1)
         module.fail_json(msg=f"ZooKeeper at {hosts} is unreachable "
                              f"(no answer within {p['zookeeper_timeout']}s)")
     return store
+
+
+def _one_line(exc):
+    """One line for any error: the MySQL error number when there is one, the ZooKeeper
+    error's class when kazoo gives no text (many of its errors have none)."""
+    text = " ".join(str(exc).split())
+    cls = type(exc).__name__
+    mod = type(exc).__module__ or ""
+    if mod.startswith("pymysql"):
+        args = getattr(exc, "args", ())
+        if len(args) > 1 and isinstance(args[0], int):
+            return f"MySQL error {args[0]}: {' '.join(str(args[1]).split())}"
+        return f"MySQL: {text or cls}"
+    if mod.startswith("kazoo"):
+        return f"ZooKeeper: {cls}{(': ' + text) if text else ''}"
+    if isinstance(exc, ShardfleetError):
+        return text or cls
+    return f"{cls}: {text}" if text else cls
+
+
+def _scrub(module, text):
+    """Every no_log value (passwords) out of *text*, whatever Ansible's version does."""
+    for secret in sorted(getattr(module, "no_log_values", ()) or (), key=len, reverse=True):
+        if secret and len(str(secret)) > 2:
+            text = text.replace(str(secret), "********")
+    return text
+
+
+@contextmanager
+def library_errors(module, what="", result=None):
+    """The modules' one error boundary around their library call.
+
+    Any failure (the library's ShardfleetError, a PyMySQL or kazoo error, an OSError, a
+    bug) becomes one fail_json: a one-line ``msg`` (prefixed with *what*), the traceback
+    as ``exception`` (shown with -vvv, as Ansible does for its own modules), *result*'s
+    keys (what was done before the failure), and no secret in either. fail_json itself
+    (SystemExit) passes through.
+    """
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - this is the boundary
+        msg = _one_line(exc)
+        if what and not isinstance(exc, ShardfleetError):  # the library's say where already
+            msg = f"{what}: {msg}"
+        module.fail_json(msg=_scrub(module, msg),
+                         exception=_scrub(module, traceback.format_exc()),
+                         **(result or {}))

@@ -117,7 +117,7 @@ shards_with_rows:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.shardfleet_common import (
-    ShardfleetError,
+    library_errors,
     mysql_argument_spec,
     mysql_connect,
     require_library,
@@ -136,50 +136,47 @@ def run(module):
     from shardfleet.schema import load_schema
 
     p = module.params
-    try:
+    with library_errors(module):
         schema = load_schema(p["schema"])
         shards = provision.shard_list(p["range"], p["shards"])
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc))
     conn = mysql_connect(module, client_flag=provision.multi_statement_flags())
     result = dict(changed=False, drifted=[])
-    try:
-        if p["state"] == "present":
-            plan = provision.plan_shards(conn, shards, schema, app_user=p["app_user"] or None,
-                                         app_host=p["app_host"])
-            result.update(databases_created=len(plan.databases), tables_created=len(plan.tables),
-                          grants_added=len(plan.grants), drifted=plan.drifted,
-                          changed=plan.changed)
-            if module._diff:
-                lines = (_summary(f"+ database {d}" for d in plan.databases)
-                         + _summary(f"+ table {d}.{t}" for d, t in plan.tables)
-                         + _summary(f"+ grant {provision.APP_PRIVILEGES} on {d}.*"
-                                    for d in plan.grants))
-                result["diff"] = dict(before="", after="\n".join(lines) + "\n")
-            if plan.changed and not module.check_mode:
-                provision.apply_plan(conn, plan, schema, app_user=p["app_user"] or None,
-                                     app_host=p["app_host"], batch=p["batch"])
-        else:
-            present, with_rows = provision.plan_drop(conn, shards, schema)
-            result.update(databases_dropped=len(present), shards_with_rows=with_rows,
-                          changed=bool(present))
-            if with_rows and not p["force"]:
-                module.fail_json(msg=f"refusing to drop {len(with_rows)} shard(s) that hold rows "
-                                     f"({', '.join(_summary(with_rows, 6))}); set force: true "
-                                     "to drop them anyway", **result)
-            if module._diff:
-                result["diff"] = dict(
-                    before="\n".join(_summary(f"database {d}" for d in present)) + "\n",
-                    after="")
-            if present and not module.check_mode:
-                provision.apply_drop(conn, present, app_user=p["app_user"] or None,
-                                     app_host=p["app_host"], batch=p["batch"])
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc), **result)
-    except Exception as exc:  # a server error mid-way: one clear line
-        module.fail_json(msg=f"{p['login_host']}:{p['login_port']}: {exc}", **result)
-    finally:
-        conn.close()
+    with library_errors(module, f"{p['login_host']}:{p['login_port']}", result):
+        try:
+            if p["state"] == "present":
+                plan = provision.plan_shards(conn, shards, schema,
+                                             app_user=p["app_user"] or None,
+                                             app_host=p["app_host"])
+                result.update(databases_created=len(plan.databases),
+                              tables_created=len(plan.tables),
+                              grants_added=len(plan.grants), drifted=plan.drifted,
+                              changed=plan.changed)
+                if module._diff:
+                    lines = (_summary(f"+ database {d}" for d in plan.databases)
+                             + _summary(f"+ table {d}.{t}" for d, t in plan.tables)
+                             + _summary(f"+ grant {provision.APP_PRIVILEGES} on {d}.*"
+                                        for d in plan.grants))
+                    result["diff"] = dict(before="", after="\n".join(lines) + "\n")
+                if plan.changed and not module.check_mode:
+                    provision.apply_plan(conn, plan, schema, app_user=p["app_user"] or None,
+                                         app_host=p["app_host"], batch=p["batch"])
+            else:
+                present, with_rows = provision.plan_drop(conn, shards, schema)
+                result.update(databases_dropped=len(present), shards_with_rows=with_rows,
+                              changed=bool(present))
+                if with_rows and not p["force"]:
+                    module.fail_json(msg=f"refusing to drop {len(with_rows)} shard(s) that hold "
+                                         f"rows ({', '.join(_summary(with_rows, 6))}); set "
+                                         "force: true to drop them anyway", **result)
+                if module._diff:
+                    result["diff"] = dict(
+                        before="\n".join(_summary(f"database {d}" for d in present)) + "\n",
+                        after="")
+                if present and not module.check_mode:
+                    provision.apply_drop(conn, present, app_user=p["app_user"] or None,
+                                         app_host=p["app_host"], batch=p["batch"])
+        finally:
+            conn.close()
     if result["drifted"]:
         module.warn(f"{len(result['drifted'])} table(s) differ from the schema and were left "
                     "as they are; see 'drifted'")

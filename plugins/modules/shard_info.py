@@ -81,7 +81,7 @@ zookeeper:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.shardfleet_common import (
-    ShardfleetError,
+    library_errors,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -93,14 +93,13 @@ def run(module):
 
     p = module.params
     store = zookeeper_store(module)
-    try:
-        report = status.collect(store, p["login_user"], p["login_password"],
-                                extra_servers=p["servers"], sizes=p["sizes"],
-                                zookeeper_hosts=p["zookeeper_hosts"])
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc))
-    finally:
-        store.close(timeout=2)
+    with library_errors(module, "shard info", None):
+        try:
+            report = status.collect(store, p["login_user"], p["login_password"],
+                                    extra_servers=p["servers"], sizes=p["sizes"],
+                                    zookeeper_hosts=p["zookeeper_hosts"])
+        finally:
+            store.close(timeout=2)
     module.exit_json(changed=False, **report)
 
 

@@ -89,7 +89,7 @@ changes:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.shardfleet_common import (
-    ShardfleetError,
+    library_errors,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -101,25 +101,24 @@ def run(module):
 
     p = module.params
     store = zookeeper_store(module)
-    try:
-        current = store.read()
-        new = shardmap.plan_change(current.map, p["state"], p["ranges"],
-                                   known_hosts=p["known_hosts"],
-                                   mod_shard_count=p["mod_shard_count"])
-        changes = shardmap.diff(current.map, new)
-        changed = current.map is None or new != current.map
-        result = dict(changed=changed, map=new.to_dict(), version=current.version,
-                      changes=changes)
-        if module._diff:
-            result["diff"] = dict(
-                before=(current.map.table() + "\n") if current.map else "",
-                after=new.table() + "\n")
-        if changed and not module.check_mode:
-            result["version"] = store.write(new, current.version)
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc))
-    finally:
-        store.close(timeout=2)
+    with library_errors(module, "shard map", None):
+        try:
+            current = store.read()
+            new = shardmap.plan_change(current.map, p["state"], p["ranges"],
+                                       known_hosts=p["known_hosts"],
+                                       mod_shard_count=p["mod_shard_count"])
+            changes = shardmap.diff(current.map, new)
+            changed = current.map is None or new != current.map
+            result = dict(changed=changed, map=new.to_dict(), version=current.version,
+                          changes=changes)
+            if module._diff:
+                result["diff"] = dict(
+                    before=(current.map.table() + "\n") if current.map else "",
+                    after=new.table() + "\n")
+            if changed and not module.check_mode:
+                result["version"] = store.write(new, current.version)
+        finally:
+            store.close(timeout=2)
     module.exit_json(**result)
 
 

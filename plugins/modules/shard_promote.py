@@ -20,12 +20,17 @@ description:
     I/O thread, waits until it applied every relay log event it received, stops
     its replication from the old master, reports errant transactions (GTIDs the
     standby wrote that the master never had), makes the standby writable and
-    writes the swapped map with C(rebuild) naming the old master. With semi-sync
+    writes the swapped map with C(rebuild) naming the old master, then removes the
+    standby's channel to the old master (C(RESET SLAVE ALL); C(channel_removed) says
+    what it was), so a restart cannot pull the old master's tail. It is refused while
+    the master answers with a MySQL error (1040, 1129, 1045, ...), since that master
+    is alive, not dead. With semi-sync
     on, no acknowledged write is lost; when semi-sync was off or its state cannot
     be read the result says so in C(warnings).
   - I(mode=rebuild) re-attaches the server a map marks C(rebuild) as the standby
     (it must answer and keep its replication channel; apply the C(mysql) role
-    first). Its shard databases are replaced by a consistent copy of the master's
+    first); it recreates the master's channel to it (needs I(replication_password)).
+    Its shard databases are replaced by a consistent copy of the master's
     (C(mariadb-dump) and the C(mariadb) client run where the module runs), its
     binary log history reset to the copy's GTID position, replication restarted
     both ways and the mark cleared.
@@ -57,6 +62,15 @@ options:
       - The server that should be the master afterwards (default the map's standby).
         With it set, a rerun of a finished promotion is no change.
     type: str
+  expect_master:
+    description:
+      - The server (C(host:port)) the caller believes is the pair's master now. When the
+        map names another master the module fails and changes nothing (the promotion
+        already happened, or someone else promoted), so rerunning a finished command never
+        swaps the pair back. An unfinished promotion from it is continued.
+      - C(playbooks/promote.yml) passes the map's master read at the start of the run and
+        prints the rerun command with it.
+    type: str
   force:
     description: In I(mode=emergency), promote even though the master answers (it is fenced).
     type: bool
@@ -81,6 +95,20 @@ options:
     description: Seconds the standby may take to apply the last transactions while writes wait.
     type: float
     default: 10
+  replication_user:
+    description:
+      - The pair's replication account (the C(mysql) role's C(mysql_replication_user)).
+        I(mode=rebuild) recreates the master's channel to the rebuilt node with it when an
+        emergency removed that channel (host, port and user are taken from what the
+        emergency recorded in its journal).
+    type: str
+    default: shardfleet_repl
+  replication_password:
+    description:
+      - Its password (C(mysql_replication_password), from Ansible Vault; never logged).
+        Needed by I(mode=rebuild) after an emergency, since no server shows a channel's password.
+    type: str
+    default: ''
 attributes:
   check_mode:
     support: full
@@ -93,8 +121,10 @@ attributes:
   idempotent:
     support: partial
     description:
-      - With I(master) set, a rerun after a finished promotion changes nothing; without it,
-        a planned promotion always promotes the current standby (a rerun swaps back).
+      - With I(master) set, a rerun after a finished promotion changes nothing; with
+        I(expect_master) set to the master before, a rerun is refused and changes nothing;
+        with neither, a planned promotion always promotes the current standby (a rerun
+        swaps back).
       - An emergency rerun finds the old master marked for rebuild and changes nothing; a
         rebuild rerun finds no mark and changes nothing.
 """
@@ -180,11 +210,16 @@ resumed:
   description: True when the run finished a promotion an earlier run started.
   returned: always
   type: bool
+channel_removed:
+  description: Emergency only, the new master's removed channel to the old master
+    (C(name), C(host), C(port), C(user), C(connect_retry)); no password.
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.shardfleet_common import (
-    ShardfleetError,
+    library_errors,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -198,19 +233,21 @@ def run(module):
     opts = promote.Options(user=p["login_user"], password=p["login_password"],
                            connect_timeout=p["connect_timeout"],
                            catchup_timeout=p["catchup_timeout"],
-                           drain_timeout=p["drain_timeout"], force=p["force"])
+                           drain_timeout=p["drain_timeout"], force=p["force"],
+                           replication_user=p["replication_user"],
+                           replication_password=p["replication_password"])
     store = zookeeper_store(module)
-    try:
-        if p["mode"] == "rebuild":
-            res = promote.rebuild_standby(store, p["pair"], p["nodes"], opts=opts,
-                                          check=module.check_mode)
-        else:
-            res = promote.promote(store, p["pair"], p["nodes"], mode=p["mode"],
-                                  master=p["master"], opts=opts, check=module.check_mode)
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc))
-    finally:
-        store.close(timeout=2)
+    with library_errors(module, f"promote {p['pair']}"):
+        try:
+            if p["mode"] == "rebuild":
+                res = promote.rebuild_standby(store, p["pair"], p["nodes"], opts=opts,
+                                              check=module.check_mode)
+            else:
+                res = promote.promote(store, p["pair"], p["nodes"], mode=p["mode"],
+                                      master=p["master"], expect_master=p["expect_master"],
+                                      opts=opts, check=module.check_mode)
+        finally:
+            store.close(timeout=2)
     out = res.to_dict()
     out["warnings_list"] = out.pop("warnings")
     for w in out["warnings_list"]:
@@ -228,12 +265,15 @@ def main():
         nodes=dict(type="list", elements="str", required=True),
         mode=dict(type="str", default="planned", choices=["planned", "emergency", "rebuild"]),
         master=dict(type="str"),
+        expect_master=dict(type="str"),
         force=dict(type="bool", default=False),
         login_user=dict(type="str", default="shardfleet_admin"),
         login_password=dict(type="str", default="", no_log=True),
         connect_timeout=dict(type="float", default=2),
         catchup_timeout=dict(type="float", default=30),
         drain_timeout=dict(type="float", default=10),
+        replication_user=dict(type="str", default="shardfleet_repl"),
+        replication_password=dict(type="str", default="", no_log=True),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     require_library(module)

@@ -176,7 +176,7 @@ changes:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.shardfleet_common import (
-    ShardfleetError,
+    library_errors,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -196,38 +196,35 @@ def run(module):
     creds = sp.Credentials(p["login_user"], p["login_password"], p["replication_user"],
                            p["replication_password"], p["app_user"], p["app_host"])
     result = dict(changed=False, steps=[], moving=[], journal={})
-    try:
-        before = store.read().map
-        result["map_before"] = before.table() if before else ""
-        with sp.Split(store, spec, creds, catchup_timeout=p["catchup_timeout"],
-                      cutover_timeout=p["cutover_timeout"], drain_timeout=p["drain_timeout"],
-                      connect_timeout=p["connect_timeout"],
-                      lock_timeout=p["lock_timeout"]) as split:
-            if module.check_mode:
-                res = [split.check()] if p["step"] != "abort" else []
-                status = split.status()
-                done = split.progress(status["journal"])
-                todo = _would_run(p["step"], p["cleanup"], done, sp.PROGRESS)
-                result["would_run"] = todo
-                result["changed"] = bool(todo)
-            else:
-                res = split.run(p["step"], cleanup=p["cleanup"])
-                result["changed"] = any(r.changed for r in res)
-            result["steps"] = [r.to_dict() for r in res]
-            result["moving"] = list(split.moving)
-            result["journal"] = (split.journal.load() if split.journal else None) or {}
-        after = store.read().map
-        result["map_after"] = after.table() if after else ""
-        result["changes"] = diff(before, after)
-        if module._diff:
-            result["diff"] = dict(before=result["map_before"] + "\n",
-                                  after=result["map_after"] + "\n")
-    except ShardfleetError as exc:
-        module.fail_json(msg=str(exc), **result)
-    except Exception as exc:  # a server error mid-way: one clear line
-        module.fail_json(msg=f"split {p['source']} -> {p['target']}: {exc}", **result)
-    finally:
-        store.close(timeout=2)
+    with library_errors(module, f"split {p['source']} -> {p['target']}", result):
+        try:
+            before = store.read().map
+            result["map_before"] = before.table() if before else ""
+            with sp.Split(store, spec, creds, catchup_timeout=p["catchup_timeout"],
+                          cutover_timeout=p["cutover_timeout"], drain_timeout=p["drain_timeout"],
+                          connect_timeout=p["connect_timeout"],
+                          lock_timeout=p["lock_timeout"]) as split:
+                if module.check_mode:
+                    res = [split.check()] if p["step"] != "abort" else []
+                    status = split.status()
+                    done = split.progress(status["journal"])
+                    todo = _would_run(p["step"], p["cleanup"], done, sp.PROGRESS)
+                    result["would_run"] = todo
+                    result["changed"] = bool(todo)
+                else:
+                    res = split.run(p["step"], cleanup=p["cleanup"])
+                    result["changed"] = any(r.changed for r in res)
+                result["steps"] = [r.to_dict() for r in res]
+                result["moving"] = list(split.moving)
+                result["journal"] = (split.journal.load() if split.journal else None) or {}
+            after = store.read().map
+            result["map_after"] = after.table() if after else ""
+            result["changes"] = diff(before, after)
+            if module._diff:
+                result["diff"] = dict(before=result["map_before"] + "\n",
+                                      after=result["map_after"] + "\n")
+        finally:
+            store.close(timeout=2)
     module.exit_json(**result)
 
 

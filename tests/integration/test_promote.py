@@ -395,7 +395,7 @@ def test_emergency_kill_master_under_load(pair, zk_store, writer_store):
         assert missing_ids(conn, w.acked) == [], "acknowledged writes lost"
     finally:
         conn.close()
-    assert channel(standby)["Slave_IO_Running"] == "No", "still replicating from the dead master"
+    assert channel(standby) == {}, "the channel to the dead master is left"
     # rerun: nothing to do; a planned promotion back to the dead node is refused
     again = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
     assert not again.changed and "rebuild" in again.next_step
@@ -410,7 +410,8 @@ def test_emergency_kill_master_under_load(pair, zk_store, writer_store):
         c.execute("INSERT INTO db00000.pins (body) VALUES ('{}')")
     app.close()
     # re-attach it as the standby (what playbooks/rebuild-standby.yml does)
-    rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts())
+    rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts(
+        replication_user=REPL_USER, replication_password=REPL_PASSWORD))
     assert rr.changed, rr.to_dict()
     m = zk_store.read().map
     assert all("rebuild" not in r.extra and r.standby == master.address for r in m.ranges)
@@ -456,3 +457,81 @@ def test_emergency_refused_when_standby_dead(pair, zk_store):
         promote.promote(zk_store, PAIR, bogus, mode="emergency",
                         opts=opts(force=True, connect_timeout=1))
     assert zk_store.read().version == v
+
+
+# -- expect_master: a rerun of a finished promotion changes nothing -----------------------
+
+def test_expect_master_refuses_a_rerun_after_the_promotion(pair, zk_store, tmp_path, zookeeper):
+    from .test_modules import run_module
+
+    master, standby = roles(pair)
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                          expect_master=master.address, opts=opts())
+    assert res.changed and roles(pair) == (standby, master)
+    wait_applied(master, standby)
+    v = zk_store.read().version
+    for mode in ("planned", "emergency"):  # the same command again: refused, nothing changes
+        with pytest.raises(PromotionRefused, match="already happened") as refused:
+            promote.promote(zk_store, PAIR, nodes(pair), mode=mode,
+                            expect_master=master.address, opts=opts())
+        assert standby.address in str(refused.value)
+    with pytest.raises(PromotionRefused, match="not a server of pair"):
+        promote.promote(zk_store, PAIR, nodes(pair), expect_master="127.0.0.1:9", opts=opts())
+    assert zk_store.read().version == v and roles(pair) == (standby, master)
+    # through the module (what promote.yml runs)
+    args = {"zookeeper_hosts": [zookeeper.address], "cluster": zk_store.cluster,
+            "pair": PAIR, "nodes": nodes(pair), "login_user": "root",
+            "login_password": MariaDBServer.root_password}
+    out, _ = run_module(tmp_path, "shard_promote", {**args, "expect_master": master.address})
+    assert out["failed"] and "already happened" in out["msg"], out
+    assert zk_store.read().version == v and roles(pair) == (standby, master)
+    # the current master as expect_master: the promotion runs (and the pair is back)
+    out, _ = run_module(tmp_path, "shard_promote", {**args, "expect_master": standby.address})
+    assert out["changed"] and out["new_master"] == master.address, out
+    assert roles(pair) == (master, standby)
+    wait_applied(standby, master)
+
+
+# -- the modules' error boundary ------------------------------------------------------------
+
+def test_module_failures_are_one_line_without_traceback(pair, zk_store, tmp_path, zookeeper):
+    """A server that refuses a statement (an admin without replication privileges) and a
+    dead ZooKeeper: failed, one line, no traceback in msg, no password anywhere."""
+    from shardfleet.testing import free_port
+
+    from .test_modules import run_module
+
+    master, standby = roles(pair)
+    weak_pw = "sf-weak-secret-1"
+    for s in pair:
+        conn = s.connect()
+        with conn.cursor() as c:
+            c.execute("SET sql_log_bin=0")
+            c.execute("CREATE USER IF NOT EXISTS 'sf_weak'@'%%' IDENTIFIED BY %s", (weak_pw,))
+            c.execute("GRANT SELECT ON *.* TO 'sf_weak'@'%'")
+        conn.close()
+    args = {"zookeeper_hosts": [zookeeper.address], "cluster": zk_store.cluster,
+            "pair": PAIR, "nodes": nodes(pair), "login_user": "sf_weak",
+            "login_password": weak_pw}
+    v = zk_store.read().version
+    try:
+        res, out = run_module(tmp_path, "shard_promote", args)
+    finally:
+        for s in pair:
+            conn = s.connect()
+            with conn.cursor() as c:
+                c.execute("SET sql_log_bin=0")
+                c.execute("DROP USER IF EXISTS 'sf_weak'@'%'")
+            conn.close()
+    print("\nweak admin:", res.get("msg"), "| exception:", bool(res.get("exception")))
+    assert res["failed"], res
+    assert "\n" not in res["msg"] and "Traceback" not in res["msg"], res["msg"]
+    assert "1227" in res["msg"] and standby.address in res["msg"], res["msg"]
+    # the library's message (what happened, that nothing changed), not the crash of a module
+    assert "nothing changed" in res["msg"] and "Module failed" not in res["msg"], res["msg"]
+    assert weak_pw not in out
+    assert zk_store.read().version == v and roles(pair) == (master, standby)
+    res, out = run_module(tmp_path, "shard_promote", {
+        **args, "zookeeper_hosts": [f"127.0.0.1:{free_port()}"], "zookeeper_timeout": 2})
+    assert res["failed"] and "\n" not in res["msg"] and "Traceback" not in res["msg"], res
+    assert "unreachable" in res["msg"]
