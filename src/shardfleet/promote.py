@@ -85,6 +85,9 @@ class Options:
     trx_timeout: float = 2.0        # open write transactions on the fenced master
     lock_timeout: float = 2.0
     force: bool = False
+    # a plain request this soon after a finished promotion of the pair is refused as a
+    # rerun of the same command (it would swap the pair back); see _check_not_a_rerun
+    rerun_window: float = 86400.0
     # the pair's replication account: a rebuild after an emergency recreates the new
     # master's channel to the rebuilt node (the emergency removed it), and MariaDB never
     # shows a channel's password, so it cannot be copied from the other side
@@ -490,6 +493,8 @@ def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
         if rebuilding and not res.resumed:
             raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
                                    "standby to promote (playbooks/rebuild-standby.yml first)")
+        if not expect_master and master is None and not res.resumed:
+            _check_not_a_rerun(res, old, journal, opts)
         not_standby = [r for r in ranges if new not in (r.standby, r.master)]
         if not_standby:
             raise PromotionRefused(f"{new} is not the standby of {not_standby[0].describe()}: "
@@ -516,6 +521,29 @@ def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
                                   errant=res.errant))
     res.next_step = _next_step(res)
     return res
+
+
+def _check_not_a_rerun(res: Result, current: str, journal: dict[str, Any] | None,
+                       opts: Options) -> None:
+    """A plain request (neither *expect_master* nor *master*) right after a finished
+    promotion to the current master looks like the same command run again (an SSH
+    session dropped and the operator cannot tell whether it finished): it would promote
+    the pair back. Refuse it within ``opts.rerun_window``; a deliberate promotion back
+    names the master it expects."""
+    if not journal or not journal.get("done") or journal.get("failed") \
+            or journal.get("new_master") != current:
+        return
+    finished = float(journal.get("finished_at") or 0)
+    age = time.time() - finished
+    if age > opts.rerun_window:
+        return
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(finished))
+    raise PromotionRefused(
+        f"the promotion already happened: {res.pair}'s {journal.get('mode')} promotion from "
+        f"{journal.get('old_master')} to {current} finished at {when} ({age / 60:.0f} min "
+        "ago); this request names no expected master, so it looks like the same command "
+        "run again, which would promote the pair back. Nothing changed. To promote back "
+        f"deliberately, rerun with -e expect_master={current}")
 
 
 def _check_expected(res: Result, current: str, expect: str,

@@ -535,3 +535,21 @@ def test_module_failures_are_one_line_without_traceback(pair, zk_store, tmp_path
         **args, "zookeeper_hosts": [f"127.0.0.1:{free_port()}"], "zookeeper_timeout": 2})
     assert res["failed"] and "\n" not in res["msg"] and "Traceback" not in res["msg"], res
     assert "unreachable" in res["msg"]
+
+
+def test_a_plain_rerun_after_a_finished_promotion_is_refused(pair, zk_store):
+    """The same plain command run again (an SSH session dropped; the operator cannot tell
+    a finished run from a half one) must not promote the pair back; naming the expected
+    master promotes back deliberately."""
+    master, standby = roles(pair)
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+    assert res.changed and roles(pair) == (standby, master)
+    wait_applied(master, standby)
+    v = zk_store.read().version
+    with pytest.raises(PromotionRefused, match="already happened.*looks like the same command"):
+        promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+    assert zk_store.read().version == v and roles(pair) == (standby, master)
+    back = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                           expect_master=standby.address, opts=opts())
+    assert back.changed and roles(pair) == (master, standby)
+    wait_applied(standby, master)
