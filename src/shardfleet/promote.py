@@ -494,7 +494,7 @@ def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
             raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
                                    "standby to promote (playbooks/rebuild-standby.yml first)")
         if not expect_master and master is None and not res.resumed:
-            _check_not_a_rerun(res, old, journal, opts)
+            _check_not_a_rerun(res, old, mode, journal, opts)
         not_standby = [r for r in ranges if new not in (r.standby, r.master)]
         if not_standby:
             raise PromotionRefused(f"{new} is not the standby of {not_standby[0].describe()}: "
@@ -523,15 +523,16 @@ def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
     return res
 
 
-def _check_not_a_rerun(res: Result, current: str, journal: dict[str, Any] | None,
-                       opts: Options) -> None:
+def _check_not_a_rerun(res: Result, current: str, mode: str,
+                       journal: dict[str, Any] | None, opts: Options) -> None:
     """A plain request (neither *expect_master* nor *master*) right after a finished
     promotion to the current master looks like the same command run again (an SSH
     session dropped and the operator cannot tell whether it finished): it would promote
     the pair back. Refuse it within ``opts.rerun_window``; a deliberate promotion back
-    names the master it expects."""
+    names the master it expects. Only the same mode counts as the same command: an
+    emergency after a planned promotion (its new master died) is a new request."""
     if not journal or not journal.get("done") or journal.get("failed") \
-            or journal.get("new_master") != current:
+            or journal.get("new_master") != current or journal.get("mode") != mode:
         return
     finished = float(journal.get("finished_at") or 0)
     age = time.time() - finished

@@ -553,3 +553,16 @@ def test_a_plain_rerun_after_a_finished_promotion_is_refused(pair, zk_store):
                            expect_master=standby.address, opts=opts())
     assert back.changed and roles(pair) == (master, standby)
     wait_applied(standby, master)
+
+
+def test_an_emergency_after_a_planned_promotion_is_not_taken_for_a_rerun(pair, zk_store):
+    master, standby = roles(pair)
+    promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+    wait_applied(master, standby)
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", check=True,
+                          opts=opts(force=True))
+    assert res.changed, res.to_dict()
+    back = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                           expect_master=standby.address, opts=opts())
+    assert back.changed and roles(pair) == (master, standby)
+    wait_applied(standby, master)
