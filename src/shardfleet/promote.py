@@ -53,8 +53,8 @@ import pymysql
 from kazoo.exceptions import KazooException
 
 from shardfleet import replication, shardmap, topology
-from shardfleet.errors import DatabaseError, MapConflictError, ShardfleetError
-from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.errors import DatabaseError, MapError, ShardfleetError
+from shardfleet.mapstore import ZooKeeperMapStore, update
 from shardfleet.ops import Journal, LockBusy, server_lock_name, servers_lock
 from shardfleet.shardmap import ShardMap, ShardRange
 
@@ -267,59 +267,32 @@ def pair_ranges(m: ShardMap, nodes: list[str]) -> list[ShardRange]:
 
 
 def _write_map(store: ZooKeeperMapStore, edit: Callable[[ShardMap], ShardMap]) -> ShardMap:
-    """Read, edit, compare-and-set; one retry on a concurrent writer (another pair's op)."""
-    for attempt in (0, 1):
-        cur = store.read()
-        if cur.map is None:
-            raise PromotionFailed("the map disappeared from ZooKeeper")
-        new = edit(cur.map)
-        if new == cur.map:
-            return new
-        try:
-            store.write(new, cur.version)
-            return new
-        except MapConflictError:
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
+    """One edit through the map-change loop (:func:`shardfleet.mapstore.update`: CAS
+    retries, a lost reply decided by content); PromotionFailed when the edit is refused."""
+    try:
+        return update(store, edit).map
+    except MapError as exc:
+        raise PromotionFailed(f"the map does not allow this promotion step: {exc}") from None
+
+
+def owner(pair: str) -> str:
+    """The name a promotion freezes its pair's ranges under (its journal's name)."""
+    return f"promote-{pair}"
 
 
 def _freeze(m: ShardMap, bounds: set[tuple[int, int]], pair: str) -> ShardMap:
-    out = []
-    for r in m.ranges:
-        if r.bounds in bounds and r.state != "frozen":
-            extra = dict(r.extra, frozen_from=r.state, frozen_by=f"promote-{pair}")
-            r = replace(r, state="frozen", extra=extra)
-        out.append(r)
-    return ShardMap.from_ranges(out, m.mod_shard_count)
+    return m.freeze(bounds, owner(pair))
 
 
-def _thaw(r: ShardRange) -> ShardRange:
-    extra = dict(r.extra)
-    state = str(extra.pop("frozen_from", r.state))
-    extra.pop("frozen_by", None)
-    return replace(r, state=state if r.state == "frozen" else r.state, extra=extra)
-
-
-def _unfreeze(m: ShardMap, bounds: set[tuple[int, int]]) -> ShardMap:
-    return ShardMap.from_ranges([_thaw(r) if r.bounds in bounds else r for r in m.ranges],
-                                m.mod_shard_count)
+def _unfreeze(m: ShardMap, bounds: set[tuple[int, int]], pair: str) -> ShardMap:
+    return m.thaw(owner(pair), bounds)
 
 
 def _flip(m: ShardMap, bounds: set[tuple[int, int]], new_master: str, old_master: str,
-          rebuild: bool) -> ShardMap:
-    out = []
-    for r in m.ranges:
-        if r.bounds in bounds:
-            r = _thaw(r)
-            extra = dict(r.extra)
-            if rebuild:
-                extra["rebuild"] = old_master
-            else:
-                extra.pop("rebuild", None)
-            r = replace(r, master=new_master, standby=old_master, extra=extra)
-        out.append(r)
-    return ShardMap.from_ranges(out, m.mod_shard_count)
+          rebuild: bool, pair: str) -> ShardMap:
+    return m.flip(owner(pair), bounds, master=new_master, standby=old_master,
+                  drop=() if rebuild else ("rebuild",),
+                  set_extra={"rebuild": old_master} if rebuild else None)
 
 
 # -- the operation ------------------------------------------------------------
@@ -670,7 +643,7 @@ def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: 
         try:
             replication.set_read_only(sconn, False)
             run.step("new_writable")
-            _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=False))
+            _write_map(store, lambda m: _flip(m, bounds, new, old, False, run.pair))
         except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
             # the standby may be writable already: never make the old master writable again
             # here; a rerun finishes the flip (or, the master dead, continues as emergency)
@@ -728,7 +701,7 @@ def _planned_rollback(run: _Run, old: str, new: str, bounds: set[tuple[int, int]
             f"is alive, rerun the same command: {_rerun_cmd(run.pair, 'planned', old)}")
     try:
         replication.set_read_only(conn, False)
-        _write_map(run.store, lambda m: _unfreeze(m, bounds))
+        _write_map(run.store, lambda m: _unfreeze(m, bounds, run.pair))
         run.step("rolled_back", error=what)
         run.journal.save(dict(run.journal.data or {}, done=True, failed=what))
     except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as again:
@@ -857,7 +830,7 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
                 c.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
             res.warnings.append(f"semi-sync is off on {new} until its standby is rebuilt "
                                 "(nothing can acknowledge): writes are asynchronous meanwhile")
-        _write_map(store, lambda m: _flip(m, bounds, new, old, rebuild=True))
+        _write_map(store, lambda m: _flip(m, bounds, new, old, True, run.pair))
         run.step("flipped")
         if stopper is not None:
             stopper.join(opts.drain_timeout)

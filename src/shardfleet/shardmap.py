@@ -217,8 +217,9 @@ class ShardMap:
         """Freeze the ranges with *bounds* for *owner* (routers hold writes to them).
 
         Bounds inside one larger range cut it: the remainders keep everything, the
-        piece is frozen. Already frozen by *owner*: unchanged. Frozen by another
-        operation, or spanning more than one range: :class:`MapError`.
+        piece is frozen. Already frozen by *owner*: unchanged. Frozen by hand (no
+        owner): adopted, and its thaw leaves it frozen. Frozen by another operation,
+        or spanning more than one range: :class:`MapError`.
         """
         m = self
         for first, last in sorted(set(bounds)):
@@ -229,11 +230,13 @@ class ShardMap:
                                or "no range") + ")")
             r = holder[0]
             if r.state == "frozen":
-                if freeze_owner(r) != owner:
-                    raise MapError(f"range [{r.first}, {r.last}] is frozen by "
-                                   f"{freeze_owner(r) or 'an unnamed operation'}, not {owner}")
-                if r.bounds == (first, last):
+                held_by = freeze_owner(r)
+                if held_by is not None and held_by != owner:
+                    raise MapError(f"range [{r.first}, {r.last}] is frozen by {held_by}, "
+                                   f"not {owner}")
+                if held_by == owner and r.bounds == (first, last):
                     continue
+                # frozen by hand (no owner): adopted; its thaw gives back "frozen"
             extra = {**r.extra, FROZEN_FROM: r.extra.get(FROZEN_FROM, r.state)
                      if r.state == "frozen" else r.state, FROZEN_BY: owner}
             extra.pop(_LEGACY_OWNER, None)

@@ -40,18 +40,19 @@ def test_freeze_then_unfreeze_restores_state_and_keys():
     assert (r0.state, r1.state, r2.state) == ("frozen", "frozen", "open")
     assert r0.extra["frozen_from"] == "open" and r1.extra["frozen_from"] == "closed"
     assert promote._freeze(frozen, bounds, "pair001") == frozen  # idempotent
-    assert promote._unfreeze(frozen, bounds) == base()
+    assert promote._unfreeze(frozen, bounds, "pair001") == base()
+    assert promote._unfreeze(frozen, bounds, "pair002") == frozen  # not its freeze
 
 
 def test_flip_swaps_unfreezes_and_marks_rebuild():
     bounds = {(0, 9), (10, 19)}
-    flipped = promote._flip(promote._freeze(base(), bounds, "p"), bounds, B, A, rebuild=True)
+    flipped = promote._flip(promote._freeze(base(), bounds, "p"), bounds, B, A, True, "p")
     r0, r1, r2 = flipped.ranges
     assert (r0.master, r0.standby, r0.state, r0.extra) == (B, A, "open",
                                                             {"note": "x", "rebuild": A})
     assert (r1.master, r1.state, r1.extra.get("rebuild")) == (B, "closed", A)
     assert r2 == base().ranges[2]
-    planned = promote._flip(base(), bounds, B, A, rebuild=False)
+    planned = promote._flip(promote._freeze(base(), bounds, "p"), bounds, B, A, False, "p")
     assert "rebuild" not in planned.ranges[0].extra
     assert promote.ShardMap.from_ranges(  # round trip through JSON keeps the mark
         [r.to_dict() for r in flipped.ranges]) == flipped

@@ -145,3 +145,12 @@ def test_update_retries_a_lost_compare_and_set():
     assert res.changed and len(calls) == 2
     assert freeze_owner(final.range_for(5)) == "op"
     assert freeze_owner(final.range_for(3000)) == "other"
+
+
+def test_a_range_frozen_by_hand_is_adopted_and_stays_frozen_after():
+    m = ShardMap.from_ranges([{"range": [0, 9], "master": "a:1", "state": "frozen"}])
+    f = m.freeze([(0, 9)], "promote-pair001")
+    assert freeze_owner(f.ranges[0]) == "promote-pair001"
+    assert f.thaw("promote-pair001") == m
+    moved = f.flip("promote-pair001", [(0, 9)], master="b:1", standby="a:1")
+    assert moved.ranges[0].state == "frozen" and freeze_owner(moved.ranges[0]) is None
