@@ -55,7 +55,14 @@ from kazoo.exceptions import KazooException
 from shardfleet import replication, shardmap, topology
 from shardfleet.errors import DatabaseError, MapError, ShardfleetError
 from shardfleet.mapstore import ZooKeeperMapStore, update
-from shardfleet.ops import Journal, LockBusy, server_lock_name, servers_lock
+from shardfleet.ops import (
+    Journal,
+    LockBusy,
+    OperationInFlight,
+    refuse_if_busy,
+    server_lock_name,
+    servers_lock,
+)
 from shardfleet.shardmap import ShardMap, ShardRange
 
 log = logging.getLogger(__name__)
@@ -324,9 +331,12 @@ class _Run:
 
 
 @contextmanager
-def _lock(store: ZooKeeperMapStore, nodes: list[str], opts: Options, check: bool
-          ) -> Iterator[None]:
-    """The locks of both servers of the pair (a split of the pair takes one of them too)."""
+def _lock(store: ZooKeeperMapStore, nodes: list[str], opts: Options, check: bool,
+          me: str) -> Iterator[None]:
+    """The locks of both servers of the pair (a split of the pair takes one of them too),
+    then the registry of operations in flight: another unfinished operation (a split
+    between its steps, a rebuild) on these servers refuses this one (journal *me* is
+    this operation's own)."""
     if check:  # check mode takes no lock but says when one is held
         for name in sorted({server_lock_name(n) for n in nodes}):
             path = f"{store.root}/{store.cluster}/ops/locks/{name}"
@@ -334,12 +344,21 @@ def _lock(store: ZooKeeperMapStore, nodes: list[str], opts: Options, check: bool
             if held:
                 raise PromotionRefused(f"another operation holds {path}; wait for it, "
                                        "or check the journal")
+        _refuse_if_busy(store, nodes, me)
         yield
         return
     try:
-        with servers_lock(store, nodes, timeout=opts.lock_timeout, identifier="promote"):
+        with servers_lock(store, nodes, timeout=opts.lock_timeout, identifier=me):
+            _refuse_if_busy(store, nodes, me)
             yield
     except LockBusy as exc:
+        raise PromotionRefused(str(exc)) from None
+
+
+def _refuse_if_busy(store: ZooKeeperMapStore, nodes: list[str], me: str) -> None:
+    try:
+        refuse_if_busy(store, nodes, me)
+    except OperationInFlight as exc:
         raise PromotionRefused(str(exc)) from None
 
 
@@ -419,7 +438,7 @@ def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
     if cur.map is None:
         raise PromotionRefused("there is no shard map in ZooKeeper")
     res.map_before = cur.map.table()
-    with _lock(store, nodes, opts, check):
+    with _lock(store, nodes, opts, check, owner(pair)):
         journal = run.journal.load()
         if journal and not journal.get("done"):
             # an interrupted promotion: finish it. The mode is the journal's, except that
@@ -1009,7 +1028,7 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     node = marked.pop()
     master = ranges[0].master
     res.old_master, res.new_master = node, master
-    with _lock(store, nodes, opts, check):
+    with _lock(store, nodes, opts, check, f"rebuild-{pair}"):
         run = _Run(store, pair, res, check)
         run.journal = Journal(store, f"rebuild-{pair}")
         run.journal.load()

@@ -467,3 +467,23 @@ def test_a_second_operation_on_a_server_with_a_split_in_flight_is_refused(fleet,
         assert sp.run("all")[-1].step == "cutover"
     assert cli.main(["ops", "list", *zk]) == 0
     assert "no operation in flight" in capsys.readouterr().out
+
+
+def test_a_promotion_of_the_source_with_a_split_in_flight_is_refused(fleet):
+    """A promotion between a split's steps would leave the split unable to cut over or
+    abort: the registry refuses it, naming the split, before anything changes."""
+    from shardfleet import promote
+
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+    before = fleet.map()
+    nodes = [fleet.source.address, fleet.standby.address]
+    opts = promote.Options(user="root", password=MariaDBServer.root_password)
+    for mode in ("planned", "emergency"):
+        with pytest.raises(promote.PromotionRefused, match="in flight.*split-16-31"):
+            promote.promote(fleet.store, "pair001", nodes, mode=mode, opts=opts)
+    assert fleet.map() == before
+    assert fleet.source.sql("SELECT @@GLOBAL.read_only")[0][0] == 0
+    with fleet.split() as sp:
+        assert sp.run("all")[-1].step == "cutover"
