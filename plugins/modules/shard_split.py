@@ -205,10 +205,8 @@ def run(module):
                           connect_timeout=p["connect_timeout"],
                           lock_timeout=p["lock_timeout"]) as split:
                 if module.check_mode:
-                    res = [split.check()] if p["step"] != "abort" else []
-                    status = split.status()
-                    done = split.progress(status["journal"])
-                    todo = _would_run(p["step"], p["cleanup"], done, sp.PROGRESS)
+                    res = split.run(p["step"], cleanup=p["cleanup"], check=True)
+                    todo = [r.step for r in res if r.changed]
                     result["would_run"] = todo
                     result["changed"] = bool(todo)
                 else:
@@ -226,16 +224,6 @@ def run(module):
         finally:
             store.close(timeout=2)
     module.exit_json(**result)
-
-
-def _would_run(step, cleanup, done, progress):
-    if step == "abort":
-        return ["abort"] if done >= 0 and done < progress["cutover"] else []
-    if step == "check":
-        return []
-    wanted = ["clone", "replicate", "cutover"] + (["cleanup"] if cleanup else []) \
-        if step == "all" else [step]
-    return [s for s in wanted if done < progress[s]]
 
 
 def main():

@@ -487,3 +487,25 @@ def test_a_promotion_of_the_source_with_a_split_in_flight_is_refused(fleet):
     assert fleet.source.sql("SELECT @@GLOBAL.read_only")[0][0] == 0
     with fleet.split() as sp:
         assert sp.run("all")[-1].step == "cutover"
+
+
+def test_the_module_in_check_mode_says_what_the_runner_would_do(fleet, tmp_path):
+    """shard_split --check: the runner's check mode (the check step runs, nothing else);
+    a fresh split would clone, replicate and cut over; after replicate only the cutover."""
+    from .test_modules import run_module
+
+    args = {"zookeeper_hosts": [fleet.zk_address], "cluster": fleet.cluster,
+            "source": fleet.source.address, "target": fleet.target.address,
+            "target_standby": fleet.standby.address, "login_user": "root",
+            "login_password": MariaDBServer.root_password, "replication_user": REPL_USER,
+            "replication_password": REPL_PASSWORD, "app_user": APP_USER}
+    before = fleet.map()
+    res, _ = run_module(tmp_path, "shard_split", args, check=True)
+    assert res["changed"] and res["would_run"] == ["clone", "replicate", "cutover"], res
+    assert fleet.map() == before and fleet.target.sql("SHOW DATABASES LIKE 'db%'") == []
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+    res, _ = run_module(tmp_path, "shard_split", args, check=True)
+    assert res["would_run"] == ["cutover"], res
+    assert fleet.map() == before
