@@ -786,6 +786,8 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
                 run.step("old_fenced")
             except pymysql.err.MySQLError as exc:
                 res.warnings.append(f"could not set {old} read_only: {exc}")
+            else:
+                _receive_final(run, mconn, sconn, ch, old, new, opts)
         else:
             res.warnings.append(f"{old} did not answer ({why}); it boots read_only=ON, "
                                 "so it takes no writes when it comes back")
@@ -870,6 +872,35 @@ def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
     finally:
         _close(mconn)
         _close(sconn)
+
+
+def _receive_final(run: _Run, mconn: Any, sconn: Any, ch: dict[str, Any] | None, old: str,
+                   new: str, opts: Options) -> None:
+    """Forced mode, the old master fenced and readable: its last GTID position is known,
+    so wait (bounded) until the standby has received and applied it before its I/O
+    thread is stopped; stopping it at once would drop whatever was still on the wire
+    (or never fetched, if the I/O thread was stopped) although the old master had
+    acknowledged it. A replication error or the bound: PromotionFailed, ranges frozen
+    and the old master read-only (nothing lost; the rerun continues)."""
+    final = replication.gtid_position(mconn)
+    run.res.gtid["master_final"] = final
+    if ch is not None and not ch.get("Last_SQL_Errno") and not ch.get("Last_IO_Errno") \
+            and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) != ("Yes", "Yes"):
+        with sconn.cursor() as c:
+            c.execute(_channel_sql("START", ch))
+        run.res.warnings.append(f"{new}'s replication from {old} was stopped (no error): "
+                                "started it to fetch the fenced master's last transactions")
+    try:
+        replication.wait_for_gtid(sconn, final, opts.drain_timeout)
+    except replication.ReplicationTimeout as exc:
+        st = _channel(sconn) or {}
+        raise PromotionFailed(
+            f"{new} did not receive and apply the fenced master {old}'s last position "
+            f"{final} within {opts.drain_timeout}s ({exc}; IO {st.get('Slave_IO_Running')} "
+            f"SQL {st.get('Slave_SQL_Running')} {st.get('Last_Error') or ''}). Ranges left "
+            f"frozen, {old} read-only: nothing is lost. Fix the replication and rerun the "
+            "same command") from None
+    run.step("received_final", position=final)
 
 
 class _Stopper:

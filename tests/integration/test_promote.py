@@ -566,3 +566,27 @@ def test_an_emergency_after_a_planned_promotion_is_not_taken_for_a_rerun(pair, z
                            expect_master=standby.address, opts=opts())
     assert back.changed and roles(pair) == (master, standby)
     wait_applied(standby, master)
+
+
+def test_forced_emergency_waits_for_the_fenced_masters_last_transactions(pair, zk_store):
+    """force=true on a live master: the master is fenced, then the standby must receive and
+    apply everything the master acknowledged before its I/O thread is stopped. Here the
+    standby's I/O thread is stopped while the master acknowledges writes."""
+    master, standby = roles(pair)
+    standby.sql("STOP SLAVE IO_THREAD")
+    master.sql("SET GLOBAL rpl_semi_sync_master_timeout = 100")  # acknowledge without it
+    try:
+        for i in range(5):
+            master.sql("INSERT INTO db00001.pins (body) VALUES (%s)", (f'{{"forced": {i}}}',))
+        res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency",
+                              opts=opts(force=True))
+    finally:
+        master.sql("SET GLOBAL rpl_semi_sync_master_timeout = 1000")
+    assert res.changed and res.new_master == standby.address
+    got = standby.sql("SELECT COUNT(*) FROM db00001.pins WHERE JSON_VALUE(body, '$.forced') "
+                      "IS NOT NULL")[0][0]
+    assert got == 5, f"{5 - got} write(s) the fenced master acknowledged are missing"
+    rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=opts(
+        replication_user=REPL_USER, replication_password=REPL_PASSWORD))
+    assert rr.changed, rr.to_dict()
+    wait_applied(master, standby)
