@@ -33,6 +33,8 @@ from shardfleet.store import Store  # noqa: E402
 from shardfleet.testing import MariaDBServer, ZooKeeperServer  # noqa: E402
 from tests.integration.conftest import APP_PASSWORD, APP_USER  # noqa: E402
 from tests.integration.test_promote import (  # noqa: E402
+    REPL_PASSWORD,
+    REPL_USER,
     Writer,
     _start,
     _wire,
@@ -54,7 +56,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="sf-bench-promote-"))
     zk = ZooKeeperServer(base).start()
     pair = setup(base)
-    opts = promote.Options(user="root", password=MariaDBServer.root_password, connect_timeout=2)
+    opts = promote.Options(user="root", password=MariaDBServer.root_password, connect_timeout=2,
+                           replication_user=REPL_USER, replication_password=REPL_PASSWORD)
     store = ZooKeeperMapStore(zk.address, "bench")
     master, standby = roles(pair)
     store.write(ShardMap.from_ranges([{"range": [0, 7], "master": master.address,
@@ -70,7 +73,9 @@ def main() -> int:
         w.wait_acks(200)
         for _ in range(args.planned):
             t0 = time.monotonic()
-            res = promote.promote(store, "pair001", nodes, mode="planned", opts=opts)
+            # back and forth on purpose: each run names the master it expects
+            res = promote.promote(store, "pair001", nodes, mode="planned", opts=opts,
+                                  expect_master=roles(pair)[0].address)
             w.wait_acks(200)
             stalls.append(w.longest_stall(since=t0 - 0.2))
             frozen.append(res.timings["frozen_seconds"])
