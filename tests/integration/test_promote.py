@@ -10,22 +10,20 @@ replication running both ways. Its map is registered afresh in a new cluster per
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from shardfleet import ops, promote
-from shardfleet.errors import ShardfleetError
+from shardfleet import ids, ops, promote
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 from shardfleet.promote import Options, PromotionRefused
 from shardfleet.router import Router
 from shardfleet.shardmap import ShardMap
 from shardfleet.store import Store
-from shardfleet.testing import MariaDBServer
+from shardfleet.testing import MariaDBServer, kit
 
 from .conftest import APP_PASSWORD, APP_USER, make_shards
 
@@ -36,58 +34,13 @@ PAIR = "pair009"
 
 # -- a bounded writer through the routing library (also used by the e2e test) --------------
 
-@dataclass
-class Writer:
-    """Creates objects through a Store in a thread; remembers every acknowledged ID, the
-    errors, and the longest gap between two acknowledged writes (the stall)."""
-
-    store: Store
-    max_writes: int = 20000
-    max_seconds: float = 120.0
-    near: int | None = None  # an ID on the shard to write to (default: any open shard)
-    acked: list[int] = field(default_factory=list)
-    ack_times: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="promote-writer", daemon=True)
-
-    def start(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        end = time.monotonic() + self.max_seconds
-        n = 0
-        while not self._stop.is_set() and n < self.max_writes and time.monotonic() < end:
-            n += 1
-            try:
-                oid = self.store.create("pin", {"n": n, "w": "promote"}, near=self.near)
-            except ShardfleetError as exc:
-                self.errors.append(f"{time.monotonic():.3f} {exc}")
-                time.sleep(0.05)
-                continue
-            self.acked.append(oid)
-            self.ack_times.append(time.monotonic())
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def wait_acks(self, n: int, timeout: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout
-        start = len(self.acked)
-        while len(self.acked) < start + n and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return len(self.acked) >= start + n
-
-    def longest_stall(self, since: float = 0.0) -> float:
-        ts = [t for t in self.ack_times if t >= since]
-        return max((b - a for a, b in zip(ts, ts[1:], strict=False)), default=0.0)
-
-    def first_ack_after(self, t: float) -> float | None:
-        return next((x for x in self.ack_times if x > t), None)
+def Writer(store: Store, max_seconds: float = 120.0, near: int | None = None,  # noqa: N802
+           max_writes: int = 20000) -> kit.Writer:
+    """The kit's writer as the promotion tests (and bench/promote.py, the e2e test) use it:
+    one thread creating pins on *near*'s shard (any open shard without it), logging every
+    acknowledged ID and when it was acknowledged (the stall)."""
+    return kit.Writer(store, [ids.shard_of(near)] if near is not None else None, threads=1,
+                      seconds=max_seconds, max_ops=max_writes, updates=0.0)
 
 
 def missing_ids(server_conn: Any, ids_: list[int]) -> list[int]:

@@ -168,14 +168,20 @@ class WriterLog:
 class Writer:
     """Threads creating and updating pins across *shards* through the routing library, for at
     most *seconds* and *max_ops* operations each (*pause* seconds apart), logging every
-    acknowledged write."""
+    acknowledged write.
 
-    def __init__(self, store: Store, shards: list[int], *, threads: int = 3,
+    *shards* None: creates go to any open shard (the store picks). *updates*: the share
+    of operations that update an object this thread created (read-modify-write), the
+    rest create. ``ack_times`` and the helpers below measure stalls (a promotion's)."""
+
+    def __init__(self, store: Store, shards: list[int] | None, *, threads: int = 3,
                  seconds: float = 60.0, max_ops: int = 20_000, seed: int = 7,
-                 pause: float = 0.0) -> None:
+                 pause: float = 0.0, updates: float = 0.5) -> None:
         self.store, self.shards = store, shards
         self.threads, self.seconds, self.max_ops = threads, seconds, max_ops
         self.pause = pause  # seconds each thread sleeps between operations
+        self.updates = updates
+        self.ack_times: list[float] = []
         self.log = WriterLog()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -196,6 +202,38 @@ class Writer:
             t.join(30)
         return self.log
 
+    # -- what the promotion tests read ------------------------------------------------
+    @property
+    def acked(self) -> list[int]:
+        """Every acknowledged object ID, in the order they were first acknowledged."""
+        with self._lock:
+            return list(self.log.acked)
+
+    @property
+    def errors(self) -> list[str]:
+        with self._lock:
+            return [e for _, e in self.log.errors]
+
+    def wait_acks(self, n: int, timeout: float = 30.0) -> bool:
+        """Wait (bounded) for *n* more acknowledged writes."""
+        deadline = time.monotonic() + timeout
+        start = len(self.ack_times)
+        while len(self.ack_times) < start + n:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def longest_stall(self, since: float = 0.0) -> float:
+        """The longest gap between two acknowledged writes after *since*."""
+        with self._lock:
+            ts = sorted(t for t in self.ack_times if t >= since)
+        return max((b - a for a, b in zip(ts, ts[1:], strict=False)), default=0.0)
+
+    def first_ack_after(self, t: float) -> float | None:
+        with self._lock:
+            return min((x for x in self.ack_times if x > t), default=None)
+
     def _run(self, n: int) -> None:
         rng = random.Random(n)
         mine: list[int] = []
@@ -203,9 +241,9 @@ class Writer:
         for _ in range(self.max_ops):
             if self._stop.wait(self.pause) or time.monotonic() > deadline:
                 return
-            shard = rng.choice(self.shards)
+            shard = rng.choice(self.shards) if self.shards else -1
             start = time.monotonic()
-            if mine and rng.random() < 0.5:
+            if mine and rng.random() < self.updates:
                 oid = rng.choice(mine)
                 shard = ids.shard_of(oid)
                 with self._lock:
@@ -216,6 +254,7 @@ class Writer:
                 except Exception as exc:  # noqa: BLE001 - logged, checked by the test
                     with self._lock:
                         self.log.errors.append((shard, repr(exc)))
+                    self._stop.wait(0.02)
                     continue
                 with self._lock:
                     self.log.acked[oid] = max(self.log.acked[oid], v)
@@ -223,17 +262,22 @@ class Writer:
             else:
                 try:
                     oid = self.store.create(PIN, {"v": 0, "w": n, "tag": self.log.tag},
-                                            near=ids.compose(shard, PIN, 1))
+                                            near=ids.compose(shard, PIN, 1)
+                                            if shard >= 0 else None)
                 except Exception as exc:  # noqa: BLE001
                     with self._lock:
                         self.log.errors.append((shard, repr(exc)))
+                    self._stop.wait(0.02)
                     continue
+                shard = ids.shard_of(oid)
                 with self._lock:
                     self.log.acked[oid] = 0
                     self.log.created[shard] += 1
                 mine.append(oid)
             with self._lock:
-                self.log.latencies.append((start, time.monotonic() - start, shard))
+                now = time.monotonic()
+                self.log.latencies.append((start, now - start, shard))
+                self.ack_times.append(now)
                 self.ops += 1
 
 
