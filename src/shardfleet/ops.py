@@ -118,6 +118,15 @@ def servers_lock(store: ZooKeeperMapStore, servers: list[str], *, timeout: float
         yield
 
 
+def refuse_if_locked(store: ZooKeeperMapStore, servers: list[str]) -> None:
+    """LockBusy when another holder keeps the lock of any of *servers* (check mode takes
+    no lock, but says when one is held)."""
+    for name in sorted({server_lock_name(s) for s in servers}):
+        path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+        if store.client.exists(path) and store.client.get_children(path):
+            raise LockBusy(f"another operation holds {path}; wait for it, or check the journal")
+
+
 class OperationInFlight(ShardfleetError):
     """Raised before anything changed when another unfinished operation (its journal says
     so) touches a server this one would change: finish or abort that one first."""
@@ -252,11 +261,20 @@ class Runner:
         self.after_step: Callable[[str], None] | None = None  # a hook for tests
 
     @contextmanager
-    def held(self, prepare: Callable[[], str] | None = None) -> Iterator[None]:
+    def held(self, prepare: Callable[[], str] | None = None, *,
+             check: bool = False) -> Iterator[None]:
         """The locks of every server; then *prepare()* (it may read the journal and
         return the operation's name, known only then); then the registry's refusal. All
         under the locks, so no other operation can start between the look and the
-        first change."""
+        first change. *check*: take no lock (check mode changes nothing), but refuse
+        (LockBusy) when another holder keeps one."""
+        if check:
+            refuse_if_locked(self.store, self.servers)
+            if prepare is not None:
+                self.name = prepare()
+            refuse_if_busy(self.store, self.servers, self.name)
+            yield
+            return
         with servers_lock(self.store, self.servers, timeout=self.lock_timeout,
                           identifier=self.identifier):
             if prepare is not None:
@@ -287,4 +305,4 @@ class Runner:
 
 __all__ = ["InFlight", "Journal", "LockBusy", "MapConflictError", "OperationInFlight",
            "Runner", "Step", "StepResult", "in_flight", "journals", "pair_lock",
-           "refuse_if_busy", "server_lock_name", "servers_lock"]
+           "refuse_if_busy", "refuse_if_locked", "server_lock_name", "servers_lock"]

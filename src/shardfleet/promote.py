@@ -1,9 +1,30 @@
 """Promotion: make a pair's standby its master, planned or in an emergency.
 
-Human-triggered, never automatic. One operation at a time per pair (the
-pair's lock in ZooKeeper, :func:`shardfleet.ops.pair_lock`), each step recorded
-in the journal ``ops/journal/promote-<pair>`` so a rerun continues where a
-failed run stopped, and a rerun of a finished promotion changes nothing.
+Human-triggered, never automatic. Planned, emergency and rebuild are step tables
+on the operation runner (:class:`shardfleet.ops.Runner`, named ``promote-<pair>``
+or ``rebuild-<pair>``): it holds both servers' locks for the whole run, refuses
+beside another operation in flight on them, and skips a step whose "is it done?"
+(read from the map and the servers) holds. Each step is recorded in the journal
+``ops/journal/promote-<pair>`` (started with the first change: a refusal leaves
+none) so a rerun continues where a failed run stopped, and a rerun of a finished
+promotion changes nothing.
+
+Step tables (journal step names; "done?" in brackets)::
+
+    planned    caught_up (always: checks, catch-up), frozen [the ranges frozen by
+               promote-<pair>, or flipped], old_read_only [flipped], drained
+               [flipped], new_writable [the new master read_only=OFF], flipped
+               [the map names the new master, unfrozen, no rebuild mark]
+    emergency  frozen [as above], old_fenced [flipped], received_final [flipped,
+               or no live old master to receive from], drained [flipped],
+               errant_checked [flipped], new_writable [read_only=OFF and semi-sync
+               master off], flipped [the map names the new master with
+               rebuild=<old>], replication_stopped, channel_removed [the new
+               master has no channel from the old]
+    rebuild    fenced_and_cleared [copied], copied [an unfinished journal of the
+               same rebuild says so and the shards are on the node], replicating
+               [the journal says so and both channels run], mark_cleared [no
+               range of the pair marks the node]
 
 Planned (the master answers)::
 
@@ -47,7 +68,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pymysql
 from kazoo.exceptions import KazooException
@@ -59,13 +80,14 @@ from shardfleet.ops import (
     Journal,
     LockBusy,
     OperationInFlight,
-    refuse_if_busy,
-    server_lock_name,
-    servers_lock,
+    Runner,
+    Step,
+    StepResult,
 )
-from shardfleet.shardmap import ShardMap, ShardRange
+from shardfleet.shardmap import ShardMap, ShardRange, freeze_owner
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MODES = ("planned", "emergency")
 
@@ -304,61 +326,88 @@ def _flip(m: ShardMap, bounds: set[tuple[int, int]], new_master: str, old_master
 
 # -- the operation ------------------------------------------------------------
 
-class _Run:
-    """One promotion in progress: the journal, the result, timings."""
+ERRORS = (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException)
 
-    def __init__(self, store: ZooKeeperMapStore, pair: str, res: Result, check: bool) -> None:
+
+class _Run:
+    """One promotion or rebuild in progress on the runner: the journal, the result,
+    timings, and the rows of its step table."""
+
+    def __init__(self, store: ZooKeeperMapStore, pair: str, res: Result, check: bool,
+                 name: str = "") -> None:
         self.store, self.pair, self.res, self.check = store, pair, res, check
-        self.journal = Journal(store, f"promote-{pair}")
-        self.t0 = time.monotonic()
+        self.name = name or owner(pair)
+        self.journal = Journal(store, self.name)
+        self.t0 = self.t_begin = time.monotonic()
         self.start: dict[str, Any] = {}
         self.begun = False     # a change may have happened (the journal was started)
         self.switched = False  # an unfinished planned promotion continued as an emergency
         self.nodes: list[str] = []
+        self.pending: list[dict[str, Any]] = []  # steps done before the first change
 
     def begin(self) -> None:
-        """Record the operation in the journal: the first change is about to happen."""
-        if not self.check:
-            self.begun = True
-            self.journal.save(self.start)
+        """Record the operation in the journal: the first change is about to happen (the
+        journal starts when the first change does; a refusal before leaves none)."""
+        if self.check or self.begun:
+            return
+        self.begun, self.t_begin = True, time.monotonic()
+        start = dict(self.start)
+        if self.pending:
+            start.update(steps=[*start.get("steps", []), *self.pending],
+                         step=self.pending[-1]["step"])
+        self.journal.save(start)
 
     def step(self, name: str, **fields: Any) -> None:
         self.res.steps.append(name)
         self.res.timings[name] = round(time.monotonic() - self.t0, 3)
-        if not self.check:
+        if self.begun:
             self.journal.step(name, **fields)
+        elif not self.check:
+            self.pending.append({"step": name, "at": time.time(), **fields})
         log.info("promote %s: %s", self.pair, name)
+
+    def row(self, name: str, done: Callable[[], bool], action: Callable[[], Any],
+            would: str = "", always: bool = False) -> Step:
+        """A step of the table. *action* records its journal step itself (:meth:`step`);
+        a step that changes something starts the journal first. *would*: the lines
+        check mode lists for it (``res.steps``), one per line."""
+        def is_done() -> bool:
+            if done():
+                self.res.steps.append(f"{name}: done already")
+                return True
+            if self.check and would:
+                self.res.steps.extend(would.split("\n"))
+            return False
+
+        def act() -> StepResult:
+            t = time.monotonic()
+            if not always:
+                self.begin()
+            action()
+            return StepResult(name, True, name, time.monotonic() - t)
+
+        return Step(name, is_done, act, would.replace("\n", "; "), always)
+
+    def runner(self, opts: Options) -> Runner:
+        return Runner(self.store, self.name, self.nodes, lock_timeout=opts.lock_timeout,
+                      identifier=self.name)
+
+
+def _never() -> bool:
+    return False
 
 
 @contextmanager
-def _lock(store: ZooKeeperMapStore, nodes: list[str], opts: Options, check: bool,
-          me: str) -> Iterator[None]:
-    """The locks of both servers of the pair (a split of the pair takes one of them too),
-    then the registry of operations in flight: another unfinished operation (a split
-    between its steps, a rebuild) on these servers refuses this one (journal *me* is
-    this operation's own)."""
-    if check:  # check mode takes no lock but says when one is held
-        for name in sorted({server_lock_name(n) for n in nodes}):
-            path = f"{store.root}/{store.cluster}/ops/locks/{name}"
-            held = store.client.exists(path) and store.client.get_children(path)
-            if held:
-                raise PromotionRefused(f"another operation holds {path}; wait for it, "
-                                       "or check the journal")
-        _refuse_if_busy(store, nodes, me)
-        yield
-        return
+def _held(run: _Run, opts: Options) -> Iterator[Runner]:
+    """The runner's locks (both servers of the pair: a split of the pair takes one of them
+    too) and its registry of operations in flight (a split between its steps, a rebuild
+    refuses this one); check mode takes no lock but refuses when one is held. LockBusy
+    and OperationInFlight are refusals: nothing changed."""
+    runner = run.runner(opts)
     try:
-        with servers_lock(store, nodes, timeout=opts.lock_timeout, identifier=me):
-            _refuse_if_busy(store, nodes, me)
-            yield
-    except LockBusy as exc:
-        raise PromotionRefused(str(exc)) from None
-
-
-def _refuse_if_busy(store: ZooKeeperMapStore, nodes: list[str], me: str) -> None:
-    try:
-        refuse_if_busy(store, nodes, me)
-    except OperationInFlight as exc:
+        with runner.held(check=run.check):
+            yield runner
+    except (LockBusy, OperationInFlight) as exc:
         raise PromotionRefused(str(exc)) from None
 
 
@@ -391,10 +440,10 @@ def promote(store: ZooKeeperMapStore, pair: str, nodes: list[str], *, mode: str 
     run = _Run(store, pair, res, check)
     run.nodes = nodes
     try:
-        return _promote(run, nodes, mode, master, expect_master, opts)
+        return _promote(run, mode, master, expect_master, opts)
     except (PromotionRefused, PromotionFailed):
         raise
-    except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
+    except ERRORS as exc:
         raise _unexpected(run, exc) from exc
 
 
@@ -431,88 +480,102 @@ def _rerun_cmd(pair: str, mode: str, expect: str) -> str:
             f"{' -e mode=emergency' if mode == 'emergency' else ''} -e expect_master={expect}")
 
 
-def _promote(run: _Run, nodes: list[str], mode: str, master: str | None,
-             expect_master: str | None, opts: Options) -> Result:
-    store, pair, res, check = run.store, run.pair, run.res, run.check
+def _promote(run: _Run, mode: str, master: str | None, expect_master: str | None,
+             opts: Options) -> Result:
+    store, res = run.store, run.res
     cur = store.read()
     if cur.map is None:
         raise PromotionRefused("there is no shard map in ZooKeeper")
     res.map_before = cur.map.table()
-    with _lock(store, nodes, opts, check, owner(pair)):
-        journal = run.journal.load()
-        if journal and not journal.get("done"):
-            # an interrupted promotion: finish it. The mode is the journal's, except that
-            # a planned one whose master died may continue as an emergency (same target):
-            # a planned promotion cannot finish without its master.
-            if journal["mode"] == "planned" and mode == "emergency":
-                run.switched = True
-                res.warnings.append(
-                    f"continuing the unfinished planned promotion to {journal['new_master']} "
-                    f"as an emergency promotion (journal step {journal.get('step')})")
-            else:
-                mode = journal["mode"]
-                res.warnings.append(f"resuming the unfinished {mode} promotion to "
-                                    f"{journal['new_master']} (journal step "
-                                    f"{journal.get('step')})")
-            master = journal["new_master"]
-            res.mode, res.resumed = mode, True
-        ranges = pair_ranges(cur.map, nodes)
-        if not ranges:
-            raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
-        masters = {r.master for r in ranges}
-        if len(masters) != 1:
-            raise PromotionRefused(f"pair {pair}'s ranges have different masters {masters}; "
-                                   "fix the map first")
-        old = masters.pop()
-        new = master or next(n for n in nodes if n != old)
-        if new not in nodes:
-            raise PromotionRefused(f"{new} is not a server of pair {pair} ({', '.join(nodes)})")
-        res.ranges = [list(r.bounds) for r in ranges]
-        bounds = {r.bounds for r in ranges}
-        if new == old and not res.resumed:
-            return _already(res, ranges, store, cur.map, journal, opts)
-        if expect_master:
-            _check_expected(res, old, expect_master, journal)
-        if res.resumed and new == old:
-            # the map was flipped before the run stopped: only the unfreeze is left
-            old = journal["old_master"] if journal else next(n for n in nodes if n != new)
-        res.old_master, res.new_master = old, new
-        rebuilding = [r for r in ranges if r.extra.get("rebuild") == new]
-        if rebuilding and not res.resumed and master is None and journal \
-                and journal.get("new_master") == old:
-            # a rerun after an emergency promotion: it is done; the old master awaits rebuild
-            return _already(res, ranges, store, cur.map, journal, opts)
-        if rebuilding and not res.resumed:
-            raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
-                                   "standby to promote (playbooks/rebuild-standby.yml first)")
-        if not expect_master and master is None and not res.resumed:
-            _check_not_a_rerun(res, old, mode, journal, opts)
-        not_standby = [r for r in ranges if new not in (r.standby, r.master)]
-        if not_standby:
-            raise PromotionRefused(f"{new} is not the standby of {not_standby[0].describe()}: "
-                                   "it does not hold that range's data")
-        # the journal starts when the first change does (a refusal leaves none)
-        run.start = {"mode": mode, "pair": pair, "old_master": old, "new_master": new,
-                     "ranges": res.ranges, "done": False, "step": "start",
-                     "steps": (journal or {}).get("steps", []) if res.resumed else [],
-                     "started_at": time.time()}
-        if res.resumed and journal and journal.get("channel"):
-            run.start["channel"] = journal["channel"]  # what an earlier run removed
-        if mode == "planned":
-            _planned(run, old, new, bounds, opts)
-        else:
-            _emergency(run, old, new, bounds, opts)
-        after = store.read().map if not check else None
+    with _held(run, opts) as runner:
+        p = _prepare(run, cur.map, mode, master, expect_master, opts)
+        if p is None:
+            return res
+        p.execute(runner)
+        after = store.read().map if not run.check else None
         res.map_after = after.table() if after else ""
         res.changes = shardmap.diff(cur.map, after) if after else [
-            f"~ {r.describe()} -> master={new} standby={old}" for r in ranges]
+            f"~ {r.describe()} -> master={p.new} standby={p.old}" for r in p.ranges]
         res.changed = True
-        if not check:
+        if not run.check:
             run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time(),
                                   timings=res.timings, warnings=res.warnings,
                                   errant=res.errant))
     res.next_step = _next_step(res)
     return res
+
+
+def _resume(run: _Run, journal: dict[str, Any] | None, mode: str,
+            master: str | None) -> tuple[str, str | None]:
+    """An interrupted promotion (its journal unfinished) is finished, not started anew:
+    the mode is the journal's, except that a planned one whose master died may continue
+    as an emergency (same target): a planned promotion cannot finish without its master."""
+    res = run.res
+    if not journal or journal.get("done"):
+        return mode, master
+    if journal["mode"] == "planned" and mode == "emergency":
+        run.switched = True
+        res.warnings.append(
+            f"continuing the unfinished planned promotion to {journal['new_master']} "
+            f"as an emergency promotion (journal step {journal.get('step')})")
+    else:
+        mode = journal["mode"]
+        res.warnings.append(f"resuming the unfinished {mode} promotion to "
+                            f"{journal['new_master']} (journal step {journal.get('step')})")
+    res.mode, res.resumed = mode, True
+    return mode, journal["new_master"]
+
+
+def _prepare(run: _Run, m: ShardMap, mode: str, master: str | None,
+             expect_master: str | None, opts: Options) -> _Promotion | None:
+    """Under the runner's locks: the map's and the journal's refusals (before any
+    change), then the promotion to run; None when there is nothing to do (``_already``)."""
+    pair, nodes, res = run.pair, run.nodes, run.res
+    journal = run.journal.load()
+    mode, master = _resume(run, journal, mode, master)
+    ranges = pair_ranges(m, nodes)
+    if not ranges:
+        raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
+    masters = {r.master for r in ranges}
+    if len(masters) != 1:
+        raise PromotionRefused(f"pair {pair}'s ranges have different masters {masters}; "
+                               "fix the map first")
+    old = masters.pop()
+    new = master or next(n for n in nodes if n != old)
+    if new not in nodes:
+        raise PromotionRefused(f"{new} is not a server of pair {pair} ({', '.join(nodes)})")
+    res.ranges = [list(r.bounds) for r in ranges]
+    if new == old and not res.resumed:
+        _already(res, ranges, run.store, m, journal, opts)
+        return None
+    if expect_master:
+        _check_expected(res, old, expect_master, journal)
+    if res.resumed and new == old:
+        # the map was flipped before the run stopped: only the unfreeze is left
+        old = journal["old_master"] if journal else next(n for n in nodes if n != new)
+    res.old_master, res.new_master = old, new
+    rebuilding = [r for r in ranges if r.extra.get("rebuild") == new]
+    if rebuilding and not res.resumed and master is None and journal \
+            and journal.get("new_master") == old:
+        # a rerun after an emergency promotion: it is done; the old master awaits rebuild
+        _already(res, ranges, run.store, m, journal, opts)
+        return None
+    if rebuilding and not res.resumed:
+        raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
+                               "standby to promote (playbooks/rebuild-standby.yml first)")
+    if not expect_master and master is None and not res.resumed:
+        _check_not_a_rerun(res, old, mode, journal, opts)
+    not_standby = [r for r in ranges if new not in (r.standby, r.master)]
+    if not_standby:
+        raise PromotionRefused(f"{new} is not the standby of {not_standby[0].describe()}: "
+                               "it does not hold that range's data")
+    run.start = {"mode": mode, "pair": pair, "old_master": old, "new_master": new,
+                 "ranges": res.ranges, "done": False, "step": "start",
+                 "steps": (journal or {}).get("steps", []) if res.resumed else [],
+                 "started_at": time.time()}
+    if res.resumed and journal and journal.get("channel"):
+        run.start["channel"] = journal["channel"]  # what an earlier run removed
+    return _Promotion(run, mode, old, new, ranges, opts)
 
 
 def _check_not_a_rerun(res: Result, current: str, mode: str,
@@ -597,23 +660,172 @@ def _next_step(res: Result) -> str:
             f"{res.new_master}; verify with ansible-playbook playbooks/fleet-status.yml")
 
 
-def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: Options) -> None:
-    res, store = run.res, run.store
-    mconn, why, refusing = reach(old, opts)
-    if mconn is None and res.resumed and not refusing:
-        raise PromotionRefused(
-            f"the master {old} does not answer ({why}); the unfinished planned promotion of "
-            f"{run.pair} to {new} left its ranges frozen. If {old} is dead, continue it as an "
-            f"emergency promotion (same new master): {_rerun_cmd(run.pair, 'emergency', old)}"
-            f" (library: mode='emergency'); if {old} comes back, rerun this same command")
-    if mconn is None:
-        raise PromotionRefused(f"the master {old} does not answer ({why}): a planned promotion "
-                               "needs it; if it is dead use mode=emergency")
-    sconn, why = try_connect(new, opts)
-    if sconn is None:
-        _close(mconn)
-        raise PromotionRefused(f"the standby {new} does not answer ({why}): nothing to promote")
-    try:
+class _Promotion:
+    """One promotion's step tables over its pair (planned, emergency): each row a name,
+    "is it done?" read from the map and the servers, the action, the check-mode text."""
+
+    def __init__(self, run: _Run, mode: str, old: str, new: str, ranges: list[ShardRange],
+                 opts: Options) -> None:
+        self.run, self.res, self.mode, self.opts = run, run.res, mode, opts
+        self.old, self.new, self.ranges = old, new, ranges
+        self.bounds = {r.bounds for r in ranges}
+        self.mconn: Any = None
+        self.sconn: Any = None
+        self.why = ""                       # why the old master does not answer
+        self.ch: dict[str, Any] | None = None  # the new master's channel from the old
+        self.stopper: _Stopper | None = None
+        self.fence_failed = self.stop_failed = False
+        self.received = ""
+        self.t_freeze = 0.0
+
+    # -- running -------------------------------------------------------------
+    def execute(self, runner: Runner) -> None:
+        try:
+            if self.mode == "planned":
+                self._connect_planned()
+                runner.run(self.planned_steps(), check=self.run.check)
+                if not self.run.check:
+                    self._check_old_replicates()
+            else:
+                self._connect_emergency()
+                runner.run(self.emergency_steps(), check=self.run.check)
+                if self.run.check:
+                    _semisync_warnings(self.res, self.mconn, self.why)
+        finally:
+            _close(self.mconn)
+            _close(self.sconn)
+
+    def planned_steps(self) -> list[Step]:
+        o, n, row = self.old, self.new, self.run.row
+        return [
+            row("caught_up", _never, self._catch_up, always=True),
+            row("frozen", self._frozen, self._rollback(self._freeze), "freeze (would)"),
+            row("old_read_only", self._rollback(self._flipped), self._rollback(self._fence_planned),
+                f"{o} read_only=ON (would)"),
+            row("drained", self._rollback(self._flipped), self._drain_planned,
+                f"wait for {n} to apply {o}'s position (would)"),
+            row("new_writable", self._after_drain(self._new_writable),
+                self._after_drain(self._make_writable_planned), f"{n} read_only=OFF (would)"),
+            row("flipped", self._after_drain(self._flipped), self._flip_planned,
+                "write the swapped map (would)"),
+        ]
+
+    def emergency_steps(self) -> list[Step]:
+        o, n, row = self.old, self.new, self.run.row
+        return [
+            row("frozen", self._frozen, self._freeze, "freeze (would)"),
+            row("old_fenced", self._flipped, self._fence_emergency,
+                f"fence {o} (would, if it answers)"),
+            row("received_final", self._nothing_to_receive, self._receive_final),
+            row("drained", self._flipped, self._drain_relay_log,
+                f"{n}: stop the I/O thread, apply the relay log (would)\n"
+                f"{n}: stop replication from {o} (would)"),
+            row("errant_checked", self._flipped, self._check_errant),
+            row("new_writable", self._new_writable, self._make_writable_emergency,
+                f"{n} read_only=OFF (would)"),
+            row("flipped", self._flipped, self._flip_emergency,
+                f"write the swapped map with rebuild={o} (would)"),
+            row("replication_stopped", self._no_channel, self._stop_replication),
+            row("channel_removed", self._no_channel, self._remove_channel),
+        ]
+
+    # -- "is it done?" -------------------------------------------------------
+    def _mine(self) -> list[ShardRange]:
+        m = self.run.store.read().map
+        return [r for r in m.ranges if r.bounds in self.bounds] if m else []
+
+    def _is_flipped(self, r: ShardRange) -> bool:
+        """*r* as the flip leaves it: on the new master, not frozen by this promotion,
+        the old master marked for rebuild (emergency) or not (planned)."""
+        frozen = r.state == "frozen" and freeze_owner(r) == owner(self.run.pair)
+        marked = r.extra.get("rebuild") == self.old if self.mode == "emergency" \
+            else "rebuild" not in r.extra
+        return r.master == self.new and r.standby == self.old and not frozen and marked
+
+    def _flipped(self) -> bool:
+        """The map names the new master for every range of the pair (the flip is done)."""
+        rs = self._mine()
+        return len(rs) == len(self.bounds) and all(self._is_flipped(r) for r in rs)
+
+    def _frozen(self) -> bool:
+        """The map shows the pair's ranges frozen by this promotion, or already flipped."""
+        rs = self._mine()
+        return len(rs) == len(self.bounds) and all(
+            (r.state == "frozen" and freeze_owner(r) == owner(self.run.pair))
+            or self._is_flipped(r) for r in rs)
+
+    def _new_writable(self) -> bool:
+        """The new master has read_only=OFF (emergency: and semi-sync master off)."""
+        if _read_only(self.sconn):
+            return False
+        return self.mode == "planned" or not semisync_state(self.sconn)["master_enabled"]
+
+    def _nothing_to_receive(self) -> bool:
+        return self.mconn is None or self.fence_failed or self._flipped()
+
+    def _no_channel(self) -> bool:
+        """The new master has no replication channel from the old one."""
+        return _channel(self.sconn) is None
+
+    # -- the servers ---------------------------------------------------------
+    def _connect_planned(self) -> None:
+        old, new, run = self.old, self.new, self.run
+        self.mconn, why, refusing = reach(old, self.opts)
+        if self.mconn is None and self.res.resumed and not refusing:
+            raise PromotionRefused(
+                f"the master {old} does not answer ({why}); the unfinished planned promotion "
+                f"of {run.pair} to {new} left its ranges frozen. If {old} is dead, continue it "
+                f"as an emergency promotion (same new master): "
+                f"{_rerun_cmd(run.pair, 'emergency', old)} (library: mode='emergency'); if "
+                f"{old} comes back, rerun this same command")
+        if self.mconn is None:
+            raise PromotionRefused(f"the master {old} does not answer ({why}): a planned "
+                                   "promotion needs it; if it is dead use mode=emergency")
+        self.sconn, why = try_connect(new, self.opts)
+        if self.sconn is None:
+            raise PromotionRefused(f"the standby {new} does not answer ({why}): nothing to "
+                                   "promote")
+
+    def _connect_emergency(self) -> None:
+        old, new, run, opts = self.old, self.new, self.run, self.opts
+        self.mconn, self.why, refusing = reach(old, opts)
+        if refusing:
+            # alive: even forced, it could not be fenced, and two masters would take writes
+            raise _alive_refusing(old, self.why)
+        if self.mconn is not None and run.switched and not opts.force:
+            raise PromotionRefused(
+                f"the master {old} answers: the unfinished planned promotion of {run.pair} to "
+                f"{new} can finish as planned (zero loss): "
+                f"{_rerun_cmd(run.pair, 'planned', old)}; nothing changed")
+        if self.mconn is not None and not opts.force and not self.res.resumed:
+            raise PromotionRefused(f"the master {old} answers: use mode=planned (zero loss), "
+                                   "or force=true if it must be replaced anyway")
+        self.sconn, swhy = try_connect(new, opts)
+        if self.sconn is None:
+            raise PromotionRefused(f"the standby {new} does not answer ({swhy}): nothing to "
+                                   "promote")
+        self.res.semisync = {"standby": semisync_state(self.sconn)}
+        if self.mconn is not None:
+            self.res.semisync["master"] = semisync_state(self.mconn)
+        self.ch = _channel(self.sconn)
+
+    # -- the map -------------------------------------------------------------
+    def _freeze(self) -> None:
+        """Routers hold writes to the pair's ranges instead of sending them."""
+        self.t_freeze = time.monotonic()
+        _write_map(self.run.store, lambda m: _freeze(m, self.bounds, self.run.pair))
+        self.run.step("frozen")
+
+    def _flip_map(self, rebuild: bool) -> None:
+        _write_map(self.run.store, lambda m: _flip(m, self.bounds, self.new, self.old,
+                                                   rebuild, self.run.pair))
+
+    # -- planned -------------------------------------------------------------
+    def _catch_up(self) -> None:
+        """The checks (refusals: nothing changed), the errant report, then wait (bounded)
+        until the standby applied the master's position, so the frozen time is the last
+        few transactions only."""
+        old, new, res, mconn, sconn = self.old, self.new, self.res, self.mconn, self.sconn
         ch = _channel(sconn)
         if ch is None or ch.get("Slave_SQL_Running") != "Yes":
             raise PromotionRefused(f"the standby {new} is not applying replication from {old} "
@@ -633,57 +845,245 @@ def _planned(run: _Run, old: str, new: str, bounds: set[tuple[int, int]], opts: 
         if res.errant:
             res.warnings.append(f"errant transactions on {new} that {old} never applied: "
                                 f"{', '.join(res.errant)} (they will replicate to {old})")
-        # catch up before freezing, so the frozen time is the last few transactions only
         try:
             replication.wait_for_gtid(sconn, replication.gtid_position(mconn),
-                                      opts.catchup_timeout)
+                                      self.opts.catchup_timeout)
         except replication.ReplicationTimeout as exc:
             raise PromotionRefused(f"the standby {new} is too far behind: {exc}") from None
-        run.step("caught_up")
-        if run.check:
-            res.steps += ["freeze (would)", f"{old} read_only=ON (would)",
-                          f"wait for {new} to apply {old}'s position (would)",
-                          f"{new} read_only=OFF (would)", "write the swapped map (would)"]
-            return
-        run.begin()
-        t_freeze = time.monotonic()
+        self.run.step("caught_up")
+
+    def _rollback(self, fn: Callable[[], T]) -> Callable[[], T]:
+        """Until the drain is done a failure rolls the promotion back."""
+        if self.run.check:
+            return fn
+
+        def guarded() -> T:
+            try:
+                return fn()
+            except ERRORS as exc:
+                raise _planned_rollback(self.run, self.old, self.new, self.bounds, exc,
+                                        self.opts) from exc
+        return guarded
+
+    def _after_drain(self, fn: Callable[[], T]) -> Callable[[], T]:
+        """After the drain a failure leaves the ranges frozen (see :meth:`_failed`)."""
+        if self.run.check:
+            return fn
+
+        def guarded() -> T:
+            try:
+                return fn()
+            except ERRORS as exc:
+                raise self._failed(exc) from exc
+        return guarded
+
+    def _failed(self, exc: BaseException) -> PromotionFailed:
+        """The standby may be writable already: never make the old master writable again
+        here; a rerun finishes the flip (or, the master dead, continues as emergency)."""
+        _record_failure(self.run, exc)
+        pair, old, new = self.run.pair, self.old, self.new
+        return PromotionFailed(
+            f"the planned promotion of {pair} failed after the drain: "
+            f"{_describe(exc)}. State left: ranges FROZEN (writes wait), {old} read_only, "
+            f"{new} has every write of {old} and may be writable. Rerun the same command "
+            f"to finish ({_rerun_cmd(pair, 'planned', old)}); if {old} is dead: "
+            f"{_rerun_cmd(pair, 'emergency', old)}")
+
+    def _fence_planned(self) -> None:
+        """The master read_only=ON; wait (bounded) for its open write transactions."""
+        replication.set_read_only(self.mconn, True)
+        left = replication.wait_no_write_transactions(self.mconn, self.opts.trx_timeout)
+        self.run.step("old_read_only", open_write_transactions=left)
+
+    def _drain_planned(self) -> None:
+        """Read the fenced master's GTID position; wait until the standby applied it."""
         try:
-            _write_map(store, lambda m: _freeze(m, bounds, run.pair))
-            run.step("frozen")
-            replication.set_read_only(mconn, True)
-            left = replication.wait_no_write_transactions(mconn, opts.trx_timeout)
-            run.step("old_read_only", open_write_transactions=left)
-            pos = replication.gtid_position(mconn)
-            res.gtid["master_final"] = pos
-            replication.wait_for_gtid(sconn, pos, opts.drain_timeout)
-        except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
-            raise _planned_rollback(run, old, new, bounds, exc, opts) from exc
-        run.step("drained", position=pos)
+            pos = replication.gtid_position(self.mconn)
+            self.res.gtid["master_final"] = pos
+            replication.wait_for_gtid(self.sconn, pos, self.opts.drain_timeout)
+        except ERRORS as exc:
+            raise _planned_rollback(self.run, self.old, self.new, self.bounds, exc,
+                                    self.opts) from exc
+        self.run.step("drained", position=pos)
+
+    def _make_writable_planned(self) -> None:
+        replication.set_read_only(self.sconn, False)
+        self.run.step("new_writable")
+
+    def _flip_planned(self) -> None:
+        """One map write: master and standby swapped, the ranges unfrozen."""
         try:
-            replication.set_read_only(sconn, False)
-            run.step("new_writable")
-            _write_map(store, lambda m: _flip(m, bounds, new, old, False, run.pair))
-        except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as exc:
-            # the standby may be writable already: never make the old master writable again
-            # here; a rerun finishes the flip (or, the master dead, continues as emergency)
-            _record_failure(run, exc)
-            raise PromotionFailed(
-                f"the planned promotion of {run.pair} failed after the drain: "
-                f"{_describe(exc)}. State left: ranges FROZEN (writes wait), {old} read_only, "
-                f"{new} has every write of {old} and may be writable. Rerun the same command "
-                f"to finish ({_rerun_cmd(run.pair, 'planned', old)}); if {old} is dead: "
-                f"{_rerun_cmd(run.pair, 'emergency', old)}") from exc
-        res.timings["frozen_seconds"] = round(time.monotonic() - t_freeze, 3)
-        run.step("flipped")
-        ch = _channel(mconn)
+            self._flip_map(False)
+        except ERRORS as exc:
+            raise self._failed(exc) from exc
+        self.res.timings["frozen_seconds"] = round(
+            time.monotonic() - (self.t_freeze or self.run.t_begin), 3)
+        self.run.step("flipped")
+
+    def _check_old_replicates(self) -> None:
+        """The old master keeps replicating from the new one (master-master)."""
+        ch = _channel(self.mconn)
         if ch is None or ch.get("Slave_IO_Running") != "Yes" \
                 or ch.get("Slave_SQL_Running") != "Yes":
-            res.warnings.append(f"{old} is not replicating from {new} "
-                                f"(IO {ch and ch.get('Slave_IO_Running')}, SQL "
-                                f"{ch and ch.get('Slave_SQL_Running')}): check it")
-    finally:
-        _close(mconn)
-        _close(sconn)
+            self.res.warnings.append(f"{self.old} is not replicating from {self.new} "
+                                     f"(IO {ch and ch.get('Slave_IO_Running')}, SQL "
+                                     f"{ch and ch.get('Slave_SQL_Running')}): check it")
+
+    # -- emergency -----------------------------------------------------------
+    def _fence_emergency(self) -> None:
+        """Best effort: the old master read_only=ON if it answers (forced)."""
+        if self.mconn is None:
+            self.res.warnings.append(f"{self.old} did not answer ({self.why}); it boots "
+                                     "read_only=ON, so it takes no writes when it comes back")
+            return
+        try:
+            replication.set_read_only(self.mconn, True)
+        except pymysql.err.MySQLError as exc:
+            self.fence_failed = True
+            self.res.warnings.append(f"could not set {self.old} read_only: {exc}")
+            return
+        self.run.step("old_fenced")
+
+    def _receive_final(self) -> None:
+        """Forced mode, the old master fenced and readable: its last GTID position is known,
+        so wait (bounded) until the standby has received and applied it before its I/O
+        thread is stopped; stopping it at once would drop whatever was still on the wire
+        (or never fetched, if the I/O thread was stopped) although the old master had
+        acknowledged it. A replication error or the bound: PromotionFailed, ranges frozen
+        and the old master read-only (nothing lost; the rerun continues)."""
+        old, new, sconn, ch = self.old, self.new, self.sconn, self.ch
+        final = replication.gtid_position(self.mconn)
+        self.res.gtid["master_final"] = final
+        if ch is not None and not ch.get("Last_SQL_Errno") and not ch.get("Last_IO_Errno") \
+                and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) != ("Yes", "Yes"):
+            with sconn.cursor() as c:
+                c.execute(_channel_sql("START", ch))
+            self.res.warnings.append(f"{new}'s replication from {old} was stopped (no error): "
+                                     "started it to fetch the fenced master's last transactions")
+        try:
+            replication.wait_for_gtid(sconn, final, self.opts.drain_timeout)
+        except replication.ReplicationTimeout as exc:
+            st = _channel(sconn) or {}
+            raise PromotionFailed(
+                f"{new} did not receive and apply the fenced master {old}'s last position "
+                f"{final} within {self.opts.drain_timeout}s ({exc}; IO "
+                f"{st.get('Slave_IO_Running')} SQL {st.get('Slave_SQL_Running')} "
+                f"{st.get('Last_Error') or ''}). Ranges left frozen, {old} read-only: nothing "
+                "is lost. Fix the replication and rerun the same command") from None
+        self.run.step("received_final", position=final)
+
+    def _drain_relay_log(self) -> None:
+        """Stop the standby's I/O thread, wait until it applied every relay log event it
+        received, then stop its SQL thread (a returning old master cannot push its
+        unacknowledged tail into the new master)."""
+        if self.ch is None:
+            self.res.channel_removed = dict((self.run.journal.data or {}).get("channel") or {})
+            if not self.res.channel_removed:
+                self.res.warnings.append(f"{self.new} has no replication channel from "
+                                         f"{self.old}")
+            self.received = ""
+            return
+        # The I/O thread may sit in connect() to the dead master for seconds, and STOP
+        # waits for it: stop it from a side connection while the relay log drains (a
+        # dead master sends nothing meanwhile; a forced one is fenced).
+        self.stopper = _Stopper(self.new, self.ch, self.opts)
+        ch = self._apply_relay_log()
+        self.received = self.res.gtid["received"] = str(ch.get("Gtid_IO_Pos") or "")
+        with self.sconn.cursor() as c:
+            c.execute(_channel_sql("STOP", ch, "SQL_THREAD"))
+        self.res.channel_removed = _channel_record(ch)
+        self.run.step("drained", received=self.received, channel=self.res.channel_removed)
+
+    def _apply_relay_log(self) -> dict[str, Any]:
+        """Wait (bounded) until the SQL thread applied everything received; the channel."""
+        new, sconn, ch = self.new, self.sconn, self.ch or {}
+        if ch.get("Slave_SQL_Running") != "Yes" and not ch.get("Last_SQL_Errno"):
+            # stopped by hand, not by an error (or by an interrupted planned promotion's
+            # operator): what it received must be applied, or acknowledged writes are lost
+            with sconn.cursor() as c:
+                c.execute(_channel_sql("START", ch, "SQL_THREAD"))
+            self.res.warnings.append(f"{new}'s replication SQL thread was stopped (no "
+                                     "error): started it to apply the relay log")
+        deadline = time.monotonic() + self.opts.drain_timeout
+        while True:
+            ch = _channel(sconn) or {}
+            if _applied_all_received(ch) or ch.get("Slave_SQL_Running") != "Yes":
+                break
+            if time.monotonic() > deadline:
+                raise PromotionFailed(
+                    f"{new} did not apply its relay log within {self.opts.drain_timeout}s "
+                    f"(ranges left frozen; rerun to continue): read "
+                    f"{ch.get('Read_Master_Log_Pos')} exec {ch.get('Exec_Master_Log_Pos')} "
+                    f"({ch.get('Slave_SQL_Running_State')})")
+            time.sleep(0.01)
+        if ch.get("Slave_SQL_Running") != "Yes" and not _applied_all_received(ch):
+            raise PromotionFailed(
+                f"{new}'s SQL thread stopped before applying its relay log "
+                f"({ch.get('Last_Error')}); ranges left frozen: fix it, rerun")
+        return ch
+
+    def _check_errant(self) -> None:
+        """GTIDs written on the standby the master never had: reported."""
+        res, new, sconn = self.res, self.new, self.sconn
+        sbin = replication.gtid_position(sconn)
+        res.gtid["standby_binlog"] = sbin
+        master_has = replication.gtid_applied(self.mconn) if self.mconn is not None \
+            else self.received
+        res.errant = errant_against(sbin, master_has, _server_id(sconn))
+        if res.errant:
+            res.warnings.append(
+                f"ERRANT transactions on {new} that {self.old} never had: "
+                f"{', '.join(res.errant)}; they were written on the standby directly; "
+                "review them")
+        self.run.step("errant_checked", errant=res.errant)
+        _semisync_warnings(res, self.mconn, self.why)
+
+    def _make_writable_emergency(self) -> None:
+        replication.set_read_only(self.sconn, False)
+        self.run.step("new_writable")
+        if self.res.semisync["standby"].get("master_enabled"):
+            # no standby can acknowledge: without this the first commit waits the whole
+            # rpl_semi_sync_master_timeout; rebuild_standby turns it on again
+            with self.sconn.cursor() as c:
+                c.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+            self.res.warnings.append(f"semi-sync is off on {self.new} until its standby is "
+                                     "rebuilt (nothing can acknowledge): writes are "
+                                     "asynchronous meanwhile")
+
+    def _flip_emergency(self) -> None:
+        """Master and standby swapped, ``rebuild: <old master>`` on the ranges."""
+        self._flip_map(True)
+        self.run.step("flipped")
+
+    def _stop_replication(self) -> None:
+        """Wait for the side connection's STOP of the I/O thread (started by the drain;
+        by this step when an earlier run drained)."""
+        if self.stopper is None:
+            self.ch = _channel(self.sconn) or {}
+            if not self.res.channel_removed:
+                self.res.channel_removed = _channel_record(self.ch)
+            self.stopper = _Stopper(self.new, self.ch, self.opts)
+        self.stopper.join(self.opts.drain_timeout)
+        if self.stopper.is_alive() or self.stopper.error:
+            self.stop_failed = True
+            n, o, name = self.new, self.old, _name_sql(self.ch)
+            self.res.warnings.append(f"{n}'s replication I/O thread from {o} did not stop "
+                                     f"({self.stopper.error or 'still waiting'}), so its "
+                                     f"channel was not removed: run STOP SLAVE{name} and "
+                                     f"RESET SLAVE{name} ALL on {n} before {o} comes back "
+                                     f"or {n} restarts")
+            return
+        self.run.step("replication_stopped")
+
+    def _remove_channel(self) -> None:
+        """A stopped channel still restarts with the server (and reconnects to the
+        returned old master, applying its unacknowledged tail): remove it. The journal
+        keeps what it was; rebuild_standby recreates it."""
+        if self.stop_failed:
+            return
+        with self.sconn.cursor() as c:
+            c.execute(_channel_sql("RESET", self.ch, "ALL"))
+        self.run.step("channel_removed", channel=self.res.channel_removed)
 
 
 def _record_failure(run: _Run, exc: BaseException) -> None:
@@ -741,166 +1141,6 @@ def _applied_all_received(ch: dict[str, Any]) -> bool:
         return True  # every complete transaction received is applied
     return (ch.get("Master_Log_File") == ch.get("Relay_Master_Log_File")
             and int(ch.get("Read_Master_Log_Pos") or 0) == int(ch.get("Exec_Master_Log_Pos") or 0))
-
-
-def _emergency(run: _Run, old: str, new: str, bounds: set[tuple[int, int]],
-               opts: Options) -> None:
-    res, store = run.res, run.store
-    mconn, why, refusing = reach(old, opts)
-    if refusing:
-        # alive: even forced, it could not be fenced, and two masters would take writes
-        raise _alive_refusing(old, why)
-    if mconn is not None and run.switched and not opts.force:
-        _close(mconn)
-        raise PromotionRefused(
-            f"the master {old} answers: the unfinished planned promotion of {run.pair} to "
-            f"{new} can finish as planned (zero loss): {_rerun_cmd(run.pair, 'planned', old)}; "
-            "nothing changed")
-    if mconn is not None and not opts.force and not res.resumed:
-        _close(mconn)
-        raise PromotionRefused(f"the master {old} answers: use mode=planned (zero loss), or "
-                               "force=true if it must be replaced anyway")
-    sconn, swhy = try_connect(new, opts)
-    if sconn is None:
-        _close(mconn)
-        raise PromotionRefused(f"the standby {new} does not answer ({swhy}): nothing to promote")
-    try:
-        res.semisync = {"standby": semisync_state(sconn)}
-        if mconn is not None:
-            res.semisync["master"] = semisync_state(mconn)
-        ch = _channel(sconn)
-        if run.check:
-            res.steps += ["freeze (would)", f"fence {old} (would, if it answers)",
-                          f"{new}: stop the I/O thread, apply the relay log (would)",
-                          f"{new}: stop replication from {old} (would)",
-                          f"{new} read_only=OFF (would)",
-                          f"write the swapped map with rebuild={old} (would)"]
-            _semisync_warnings(res, mconn, why)
-            return
-        run.begin()
-        _write_map(store, lambda m: _freeze(m, bounds, run.pair))
-        run.step("frozen")
-        if mconn is not None:  # forced: fence it now, and keep it from writing
-            try:
-                replication.set_read_only(mconn, True)
-                run.step("old_fenced")
-            except pymysql.err.MySQLError as exc:
-                res.warnings.append(f"could not set {old} read_only: {exc}")
-            else:
-                _receive_final(run, mconn, sconn, ch, old, new, opts)
-        else:
-            res.warnings.append(f"{old} did not answer ({why}); it boots read_only=ON, "
-                                "so it takes no writes when it comes back")
-        stopper = None
-        if ch is not None:
-            # The I/O thread may sit in connect() to the dead master for seconds, and
-            # STOP waits for it: stop it from a side connection while the relay log
-            # drains (a dead master sends nothing meanwhile; a forced one is fenced).
-            stopper = _Stopper(new, ch, opts)
-            if ch.get("Slave_SQL_Running") != "Yes" and not ch.get("Last_SQL_Errno"):
-                # stopped by hand, not by an error (or by an interrupted planned promotion's
-                # operator): what it received must be applied, or acknowledged writes are lost
-                with sconn.cursor() as c:
-                    c.execute(_channel_sql("START", ch, "SQL_THREAD"))
-                res.warnings.append(f"{new}'s replication SQL thread was stopped (no error): "
-                                    "started it to apply the relay log")
-                ch = _channel(sconn) or ch
-            deadline = time.monotonic() + opts.drain_timeout
-            while True:
-                ch = _channel(sconn) or {}
-                if _applied_all_received(ch) or ch.get("Slave_SQL_Running") != "Yes":
-                    break
-                if time.monotonic() > deadline:
-                    raise PromotionFailed(
-                        f"{new} did not apply its relay log within {opts.drain_timeout}s "
-                        f"(ranges left frozen; rerun to continue): read "
-                        f"{ch.get('Read_Master_Log_Pos')} exec {ch.get('Exec_Master_Log_Pos')} "
-                        f"({ch.get('Slave_SQL_Running_State')})")
-                time.sleep(0.01)
-            if ch.get("Slave_SQL_Running") != "Yes" and not _applied_all_received(ch):
-                raise PromotionFailed(
-                    f"{new}'s SQL thread stopped before applying its relay log "
-                    f"({ch.get('Last_Error')}); ranges left frozen: fix it, rerun")
-            received = str(ch.get("Gtid_IO_Pos") or "")
-            res.gtid["received"] = received
-            with sconn.cursor() as c:
-                c.execute(_channel_sql("STOP", ch, "SQL_THREAD"))
-            res.channel_removed = _channel_record(ch)
-            run.step("drained", received=received, channel=res.channel_removed)
-        else:
-            res.channel_removed = dict((run.journal.data or {}).get("channel") or {})
-            if not res.channel_removed:
-                res.warnings.append(f"{new} has no replication channel from {old}")
-            received = ""
-        sbin = replication.gtid_position(sconn)
-        res.gtid["standby_binlog"] = sbin
-        master_has = replication.gtid_applied(mconn) if mconn is not None else received
-        res.errant = errant_against(sbin, master_has, _server_id(sconn))
-        if res.errant:
-            res.warnings.append(
-                f"ERRANT transactions on {new} that {old} never had: {', '.join(res.errant)}; "
-                "they were written on the standby directly; review them")
-        run.step("errant_checked", errant=res.errant)
-        _semisync_warnings(res, mconn, why)
-        replication.set_read_only(sconn, False)
-        run.step("new_writable")
-        if res.semisync["standby"].get("master_enabled"):
-            # no standby can acknowledge: without this the first commit waits the whole
-            # rpl_semi_sync_master_timeout; rebuild_standby turns it on again
-            with sconn.cursor() as c:
-                c.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
-            res.warnings.append(f"semi-sync is off on {new} until its standby is rebuilt "
-                                "(nothing can acknowledge): writes are asynchronous meanwhile")
-        _write_map(store, lambda m: _flip(m, bounds, new, old, True, run.pair))
-        run.step("flipped")
-        if stopper is not None:
-            stopper.join(opts.drain_timeout)
-            if stopper.is_alive() or stopper.error:
-                res.warnings.append(f"{new}'s replication I/O thread from {old} did not stop "
-                                    f"({stopper.error or 'still waiting'}), so its channel "
-                                    f"was not removed: run STOP SLAVE{_name_sql(ch)} and "
-                                    f"RESET SLAVE{_name_sql(ch)} ALL on {new} before {old} "
-                                    f"comes back or {new} restarts")
-            else:
-                run.step("replication_stopped")
-                # a stopped channel still restarts with the server (and reconnects to the
-                # returned old master, applying its unacknowledged tail): remove it.
-                # The journal keeps what it was; rebuild_standby recreates it.
-                with sconn.cursor() as c:
-                    c.execute(_channel_sql("RESET", ch, "ALL"))
-                run.step("channel_removed", channel=res.channel_removed)
-    finally:
-        _close(mconn)
-        _close(sconn)
-
-
-def _receive_final(run: _Run, mconn: Any, sconn: Any, ch: dict[str, Any] | None, old: str,
-                   new: str, opts: Options) -> None:
-    """Forced mode, the old master fenced and readable: its last GTID position is known,
-    so wait (bounded) until the standby has received and applied it before its I/O
-    thread is stopped; stopping it at once would drop whatever was still on the wire
-    (or never fetched, if the I/O thread was stopped) although the old master had
-    acknowledged it. A replication error or the bound: PromotionFailed, ranges frozen
-    and the old master read-only (nothing lost; the rerun continues)."""
-    final = replication.gtid_position(mconn)
-    run.res.gtid["master_final"] = final
-    if ch is not None and not ch.get("Last_SQL_Errno") and not ch.get("Last_IO_Errno") \
-            and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) != ("Yes", "Yes"):
-        with sconn.cursor() as c:
-            c.execute(_channel_sql("START", ch))
-        run.res.warnings.append(f"{new}'s replication from {old} was stopped (no error): "
-                                "started it to fetch the fenced master's last transactions")
-    try:
-        replication.wait_for_gtid(sconn, final, opts.drain_timeout)
-    except replication.ReplicationTimeout as exc:
-        st = _channel(sconn) or {}
-        raise PromotionFailed(
-            f"{new} did not receive and apply the fenced master {old}'s last position "
-            f"{final} within {opts.drain_timeout}s ({exc}; IO {st.get('Slave_IO_Running')} "
-            f"SQL {st.get('Slave_SQL_Running')} {st.get('Last_Error') or ''}). Ranges left "
-            f"frozen, {old} read-only: nothing is lost. Fix the replication and rerun the "
-            "same command") from None
-    run.step("received_final", position=final)
 
 
 class _Stopper:
@@ -1028,6 +1268,8 @@ def _recreate_channel(store: ZooKeeperMapStore, pair: str, node: str, nch: dict[
             "Connect_Retry": int(rec.get("connect_retry") or 10)}
 
 
+
+
 def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
                     opts: Options | None = None, check: bool = False) -> Result:
     """Re-attach the node the map marks ``rebuild`` as the pair's standby.
@@ -1057,111 +1299,203 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     if len(marked) > 1:
         raise PromotionRefused(f"ranges mark different servers for rebuild: {marked}")
     node = marked.pop()
-    master = ranges[0].master
-    res.old_master, res.new_master = node, master
-    with _lock(store, nodes, opts, check, f"rebuild-{pair}"):
-        run = _Run(store, pair, res, check)
-        run.journal = Journal(store, f"rebuild-{pair}")
-        run.journal.load()
-        nconn, why = try_connect(node, opts)
-        if nconn is None and check:
+    res.old_master, res.new_master = node, ranges[0].master
+    run = _Run(store, pair, res, check, name=f"rebuild-{pair}")
+    run.nodes = nodes
+    with _held(run, opts) as runner:
+        rb = _Rebuild(run, node, ranges, opts)
+        try:
+            if rb.connect():
+                runner.run(rb.steps(), check=check)
+                rb.finish(cur.map)
+        finally:
+            rb.close()
+    return res
+
+
+class _Rebuild:
+    """The rebuild's step table: the node fenced and cleared, the master's shards copied,
+    replication both ways, the map's mark cleared."""
+
+    def __init__(self, run: _Run, node: str, ranges: list[ShardRange], opts: Options) -> None:
+        self.run, self.res, self.opts = run, run.res, opts
+        self.node, self.master, self.ranges = node, ranges[0].master, ranges
+        self.nconn: Any = None
+        self.mconn: Any = None
+        self.nch: dict[str, Any] | None = None
+        self.mch: dict[str, Any] | None = None
+        self.recreate: dict[str, Any] | None = None
+        self.dbs: list[str] = []
+        self.resumed: dict[str, Any] = {}  # an unfinished journal of this same rebuild
+        self.after: ShardMap | None = None
+
+    def close(self) -> None:
+        _close(self.nconn)
+        _close(self.mconn)
+
+    def connect(self) -> bool:
+        """Both servers answer, the node has its channel (refusals: nothing changed); False
+        in check mode when the node does not answer (said in the result)."""
+        node, master, res, opts, run = self.node, self.master, self.res, self.opts, self.run
+        journal = run.journal.load() or {}
+        if not journal.get("done") and (journal.get("node"), journal.get("master")) == (
+                node, master):
+            self.resumed = journal
+        self.nconn, why = try_connect(node, opts)
+        if self.nconn is None and run.check:
             res.changed = True
             res.warnings.append(f"{node} does not answer ({why}): start it or apply the "
                                 "mysql role before the rebuild")
             res.steps.append(f"rebuild {node} as the standby of {master} (would)")
-            return res
-        if nconn is None:
+            return False
+        if self.nconn is None:
             raise PromotionRefused(f"{node} does not answer ({why}): start it (it boots "
                                    "read_only) or rebuild it with the mysql role first")
-        mconn, mwhy = try_connect(master, opts)
-        if mconn is None:
-            _close(nconn)
+        self.mconn, mwhy = try_connect(master, opts)
+        if self.mconn is None:
             raise PromotionRefused(f"the master {master} does not answer ({mwhy})")
-        try:
-            nch, mch = _channel(nconn), _channel(mconn)
-            if nch is None:
-                raise PromotionRefused(
-                    f"{node} has no replication channel from its peer {master}: apply the "
-                    "mysql role to it first (playbooks/rebuild-standby.yml does)")
-            # an emergency removed the master's channel to the old master: recreate it
-            recreate = None if mch is not None else _recreate_channel(store, pair, node, nch,
-                                                                      opts)
-            dbs = [str(r["n"]) for r in topology.dict_rows(
-                mconn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA WHERE "
-                       "SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DB_RE,))]
-            if check:
-                res.steps += [f"{node} read_only=ON, replication stopped (would)",
-                              f"copy {len(dbs)} shard databases {master} -> {node} (would)",
-                              f"reset {node}'s binlog history to the copy's GTID (would)",
-                              "replicate both ways, clear the rebuild mark (would)"]
-                res.changed = True
-                return res
-            run.journal.save({"mode": "rebuild", "pair": pair, "node": node, "master": master,
-                              "done": False, "steps": [], "started_at": time.time()})
-            replication.set_read_only(nconn, True)
-            with nconn.cursor() as c:
-                c.execute(_channel_sql("STOP", nch))
-            if mch is not None:
-                with mconn.cursor() as c:
-                    c.execute(_channel_sql("STOP", mch))
-            with nconn.cursor() as c:
-                c.execute("SET SESSION sql_log_bin=0")
-                for r in topology.dict_rows(
-                        nconn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA "
-                               "WHERE SCHEMA_NAME REGEXP %s", (SHARD_DB_RE,)):
-                    c.execute(f"DROP DATABASE `{r['n']}`")
-            run.step("fenced_and_cleared", databases=len(dbs))
-            copy_shards(master, node, dbs, opts)
-            pos = str(topology.scalar(nconn, "SELECT @@GLOBAL.gtid_slave_pos") or "")
-            with nconn.cursor() as c:
-                c.execute("FLUSH PRIVILEGES")
-                c.execute("RESET MASTER")
-                c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
-                c.execute(_channel_sql("START", nch))
-            res.gtid["copy"] = pos
-            run.step("copied", position=pos)
-            with mconn.cursor() as c:
-                c.execute("SET GLOBAL gtid_slave_pos = %s",
-                          (replication.gtid_position(nconn),))
-                if recreate is not None:
-                    c.execute(f"CHANGE MASTER{_name_sql(recreate)} TO MASTER_HOST=%s, "
-                              "MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
-                              "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=%s",
-                              (recreate["Master_Host"], recreate["Master_Port"],
-                               recreate["Master_User"], opts.replication_password,
-                               recreate["Connect_Retry"]))
-                    res.steps.append(f"recreated {master}'s channel from {node}")
-                c.execute(_channel_sql("START", mch or recreate))
-                if semisync_state(nconn)["replica_enabled"]:  # an emergency turned it off
-                    c.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
-            replication.wait_for_gtid(nconn, replication.gtid_position(mconn),
-                                      opts.catchup_timeout)
-            run.step("replicating")
+        self.nch, self.mch = _channel(self.nconn), _channel(self.mconn)
+        if self.nch is None:
+            raise PromotionRefused(
+                f"{node} has no replication channel from its peer {master}: apply the "
+                "mysql role to it first (playbooks/rebuild-standby.yml does)")
+        # an emergency removed the master's channel to the old master: recreate it
+        if self.mch is None:
+            self.recreate = _recreate_channel(run.store, run.pair, node, self.nch, opts)
+        self.dbs = self._shard_dbs(self.mconn)
+        run.start = {"mode": "rebuild", "pair": run.pair, "node": node, "master": master,
+                     "done": False, "steps": list(self.resumed.get("steps", [])),
+                     "started_at": time.time()}
+        return True
 
-            def clear(m: ShardMap) -> ShardMap:
-                out = []
-                for r in m.ranges:
-                    if r.bounds in {x.bounds for x in ranges} and r.extra.get("rebuild"):
-                        extra = {k: v for k, v in r.extra.items() if k != "rebuild"}
-                        r = replace(r, standby=node, extra=extra)
-                    out.append(r)
-                return ShardMap.from_ranges(out, m.mod_shard_count)
+    def steps(self) -> list[Step]:
+        node, master, row = self.node, self.master, self.run.row
+        return [
+            row("fenced_and_cleared", self._copied, self._fence_and_clear,
+                f"{node} read_only=ON, replication stopped (would)"),
+            row("copied", self._copied, self._copy,
+                f"copy {len(self.dbs)} shard databases {master} -> {node} (would)\n"
+                f"reset {node}'s binlog history to the copy's GTID (would)"),
+            row("replicating", self._replicating, self._replicate,
+                "replicate both ways, clear the rebuild mark (would)"),
+            row("mark_cleared", self._mark_cleared, self._clear_mark),
+        ]
 
-            after = _write_map(store, clear)
-            run.step("mark_cleared")
-            for ch_conn, who in ((nconn, node), (mconn, master)):
-                ch = _channel(ch_conn) or {}
-                if ch.get("Slave_IO_Running") != "Yes" or ch.get("Slave_SQL_Running") != "Yes":
-                    res.warnings.append(f"{who}: replication IO {ch.get('Slave_IO_Running')} "
-                                        f"SQL {ch.get('Slave_SQL_Running')} "
-                                        f"{ch.get('Last_Error') or ch.get('Last_IO_Error')}")
-            run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time()))
-            res.map_after = after.table()
-            res.changes = shardmap.diff(cur.map, after)
-            res.changed = True
-            res.next_step = (f"nothing required: {node} is the standby of {master} again; "
-                             "verify with playbooks/fleet-status.yml")
-            return res
-        finally:
-            _close(nconn)
-            _close(mconn)
+    # -- "is it done?" -------------------------------------------------------
+    def _did(self, step: str) -> bool:
+        """An earlier run of this same rebuild recorded *step* (its journal unfinished)."""
+        return any(s.get("step") == step for s in self.resumed.get("steps", []))
+
+    def _copied(self) -> bool:
+        """The earlier run copied, and every shard database of the master is on the node
+        (then its clearing is done too)."""
+        return self._did("copied") and set(self.dbs) <= set(self._shard_dbs(self.nconn))
+
+    def _replicating(self) -> bool:
+        """The earlier run got both ways replicating, and both channels run."""
+        return self._did("replicating") and all(
+            (ch := _channel(c)) is not None
+            and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
+            for c in (self.nconn, self.mconn))
+
+    def _mark_cleared(self) -> bool:
+        """No range of the pair marks the node for rebuild in the map."""
+        m = self.run.store.read().map
+        bounds = {r.bounds for r in self.ranges}
+        return m is not None and not any(r.bounds in bounds and r.extra.get("rebuild")
+                                         for r in m.ranges)
+
+    # -- the actions ---------------------------------------------------------
+    @staticmethod
+    def _shard_dbs(conn: Any) -> list[str]:
+        return [str(r["n"]) for r in topology.dict_rows(
+            conn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA WHERE "
+                  "SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DB_RE,))]
+
+    def _fence_and_clear(self) -> None:
+        """The node read-only, both channels stopped, the node's shard databases dropped
+        (not binlogged)."""
+        replication.set_read_only(self.nconn, True)
+        with self.nconn.cursor() as c:
+            c.execute(_channel_sql("STOP", self.nch))
+        if self.mch is not None:
+            with self.mconn.cursor() as c:
+                c.execute(_channel_sql("STOP", self.mch))
+        with self.nconn.cursor() as c:
+            c.execute("SET SESSION sql_log_bin=0")
+            for name in self._shard_dbs(self.nconn):
+                c.execute(f"DROP DATABASE `{name}`")
+        self.run.step("fenced_and_cleared", databases=len(self.dbs))
+
+    def _copy(self) -> None:
+        """A consistent copy of the master's shards; the node's binlog history reset to
+        the copy's GTID position; the node replicates from the master."""
+        copy_shards(self.master, self.node, self.dbs, self.opts)
+        pos = str(topology.scalar(self.nconn, "SELECT @@GLOBAL.gtid_slave_pos") or "")
+        with self.nconn.cursor() as c:
+            c.execute("FLUSH PRIVILEGES")
+            c.execute("RESET MASTER")
+            c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
+            c.execute(_channel_sql("START", self.nch))
+        self.res.gtid["copy"] = pos
+        self.run.step("copied", position=pos)
+
+    def _replicate(self) -> None:
+        """The master replicates from the node again (its channel recreated if an emergency
+        removed it), semi-sync on again; wait until the node caught up."""
+        node, master, mch, recreate = self.node, self.master, self.mch, self.recreate
+        if mch is not None and self._did("copied"):  # resumed: it may run since then
+            with self.mconn.cursor() as c:
+                c.execute(_channel_sql("STOP", mch))
+        with self.mconn.cursor() as c:
+            c.execute("SET GLOBAL gtid_slave_pos = %s",
+                      (replication.gtid_position(self.nconn),))
+            if recreate is not None:
+                c.execute(f"CHANGE MASTER{_name_sql(recreate)} TO MASTER_HOST=%s, "
+                          "MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
+                          "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=%s",
+                          (recreate["Master_Host"], recreate["Master_Port"],
+                           recreate["Master_User"], self.opts.replication_password,
+                           recreate["Connect_Retry"]))
+                self.res.steps.append(f"recreated {master}'s channel from {node}")
+            c.execute(_channel_sql("START", mch or recreate))
+            if semisync_state(self.nconn)["replica_enabled"]:  # an emergency turned it off
+                c.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
+        replication.wait_for_gtid(self.nconn, replication.gtid_position(self.mconn),
+                                  self.opts.catchup_timeout)
+        self.run.step("replicating")
+
+    def _clear_mark(self) -> None:
+        """One map write: the node the ranges' standby again, the mark removed."""
+        bounds = {r.bounds for r in self.ranges}
+
+        def clear(m: ShardMap) -> ShardMap:
+            out = []
+            for r in m.ranges:
+                if r.bounds in bounds and r.extra.get("rebuild"):
+                    extra = {k: v for k, v in r.extra.items() if k != "rebuild"}
+                    r = replace(r, standby=self.node, extra=extra)
+                out.append(r)
+            return ShardMap.from_ranges(out, m.mod_shard_count)
+
+        self.after = _write_map(self.run.store, clear)
+        self.run.step("mark_cleared")
+
+    def finish(self, before: ShardMap) -> None:
+        """Warnings for a channel not running; the journal done; the result."""
+        res, run = self.res, self.run
+        res.changed = True
+        if run.check:
+            return
+        for ch_conn, who in ((self.nconn, self.node), (self.mconn, self.master)):
+            ch = _channel(ch_conn) or {}
+            if ch.get("Slave_IO_Running") != "Yes" or ch.get("Slave_SQL_Running") != "Yes":
+                res.warnings.append(f"{who}: replication IO {ch.get('Slave_IO_Running')} "
+                                    f"SQL {ch.get('Slave_SQL_Running')} "
+                                    f"{ch.get('Last_Error') or ch.get('Last_IO_Error')}")
+        run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time()))
+        after = self.after or run.store.read().map
+        res.map_after = after.table() if after else ""
+        res.changes = shardmap.diff(before, after) if after else []
+        res.next_step = (f"nothing required: {self.node} is the standby of {self.master} "
+                         "again; verify with playbooks/fleet-status.yml")
