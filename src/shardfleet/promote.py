@@ -223,6 +223,19 @@ def _channel(conn: Any) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def _wait_running(conn: Any, timeout: float) -> dict[str, Any]:
+    """The node's channel from its peer once both threads run (a thread that was just
+    started shows "Preparing" or "Connecting" for a moment; on a busy machine, longer),
+    or as it is after *timeout* ({} when there is none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ch = _channel(conn) or {}
+        running = (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
+        if running or not ch or time.monotonic() > deadline:
+            return ch
+        time.sleep(0.1)
+
+
 def _channel_sql(verb: str, row: dict[str, Any] | None, thread: str = "") -> str:
     name = (row or {}).get("Connection_name") or ""
     quoted = f" '{name}'" if name else ""
@@ -922,7 +935,7 @@ class _Promotion:
 
     def _check_old_replicates(self) -> None:
         """The old master keeps replicating from the new one (master-master)."""
-        ch = _channel(self.mconn)
+        ch = _wait_running(self.mconn, 30.0) or None
         if ch is None or ch.get("Slave_IO_Running") != "Yes" \
                 or ch.get("Slave_SQL_Running") != "Yes":
             self.res.warnings.append(f"{self.old} is not replicating from {self.new} "
@@ -1488,7 +1501,7 @@ class _Rebuild:
         if run.check:
             return
         for ch_conn, who in ((self.nconn, self.node), (self.mconn, self.master)):
-            ch = _channel(ch_conn) or {}
+            ch = _wait_running(ch_conn, 30.0)
             if ch.get("Slave_IO_Running") != "Yes" or ch.get("Slave_SQL_Running") != "Yes":
                 res.warnings.append(f"{who}: replication IO {ch.get('Slave_IO_Running')} "
                                     f"SQL {ch.get('Slave_SQL_Running')} "
