@@ -865,8 +865,9 @@ class _Promotion:
             raise PromotionRefused(f"the standby {new} is too far behind: {exc}") from None
         self.run.step("caught_up")
 
-    def _rollback(self, fn: Callable[[], T]) -> Callable[[], T]:
-        """Until the drain is done a failure rolls the promotion back."""
+    def _guard(self, fn: Callable[[], T],
+               failure: Callable[[BaseException], Exception]) -> Callable[[], T]:
+        """*fn*, with a driver error turned into *failure(exc)* (check mode: as it is)."""
         if self.run.check:
             return fn
 
@@ -874,21 +875,17 @@ class _Promotion:
             try:
                 return fn()
             except ERRORS as exc:
-                raise _planned_rollback(self.run, self.old, self.new, self.bounds, exc,
-                                        self.opts) from exc
+                raise failure(exc) from exc
         return guarded
+
+    def _rollback(self, fn: Callable[[], T]) -> Callable[[], T]:
+        """Until the drain is done a failure rolls the promotion back."""
+        return self._guard(fn, lambda exc: _planned_rollback(
+            self.run, self.old, self.new, self.bounds, exc, self.opts))
 
     def _after_drain(self, fn: Callable[[], T]) -> Callable[[], T]:
         """After the drain a failure leaves the ranges frozen (see :meth:`_failed`)."""
-        if self.run.check:
-            return fn
-
-        def guarded() -> T:
-            try:
-                return fn()
-            except ERRORS as exc:
-                raise self._failed(exc) from exc
-        return guarded
+        return self._guard(fn, self._failed)
 
     def _failed(self, exc: BaseException) -> PromotionFailed:
         """The standby may be writable already: never make the old master writable again
