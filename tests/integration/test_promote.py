@@ -43,6 +43,19 @@ def Writer(store: Store, max_seconds: float = 120.0, near: int | None = None,  #
                       seconds=max_seconds, max_ops=max_writes, updates=0.0)
 
 
+def local_user(server: MariaDBServer, user: str, password: str, privileges: str) -> None:
+    """*user* with *privileges* on every database of *server* only (not binlogged, so the
+    peer does not get it): a per-node account for refusal tests."""
+    conn = server.connect()
+    try:
+        with conn.cursor() as c:
+            c.execute("SET sql_log_bin=0")
+            c.execute(f"CREATE USER IF NOT EXISTS '{user}'@'%%' IDENTIFIED BY %s", (password,))
+            c.execute(f"GRANT {privileges} ON *.* TO '{user}'@'%'")
+    finally:
+        conn.close()
+
+
 def missing_ids(server_conn: Any, ids_: list[int]) -> list[int]:
     """Acknowledged object IDs (pins) not present on a server."""
     from shardfleet import ids as idmod
@@ -457,12 +470,7 @@ def test_module_failures_are_one_line_without_traceback(pair, zk_store, tmp_path
     master, standby = roles(pair)
     weak_pw = "sf-weak-secret-1"
     for s in pair:
-        conn = s.connect()
-        with conn.cursor() as c:
-            c.execute("SET sql_log_bin=0")
-            c.execute("CREATE USER IF NOT EXISTS 'sf_weak'@'%%' IDENTIFIED BY %s", (weak_pw,))
-            c.execute("GRANT SELECT ON *.* TO 'sf_weak'@'%'")
-        conn.close()
+        local_user(s, "sf_weak", weak_pw, "SELECT")
     args = {"zookeeper_hosts": [zookeeper.address], "cluster": zk_store.cluster,
             "pair": PAIR, "nodes": nodes(pair), "login_user": "sf_weak",
             "login_password": weak_pw}

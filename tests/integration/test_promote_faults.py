@@ -199,12 +199,7 @@ def test_emergency_refuses_a_master_that_answers_with_an_error(pair, zk_store, h
     else:
         # an admin account the master refuses (1045) and the standby accepts
         for s, pw in ((standby, "sf-admin-x"), (master, "sf-admin-other")):
-            conn = s.connect()
-            with conn.cursor() as c:
-                c.execute("SET sql_log_bin=0")
-                c.execute("CREATE USER IF NOT EXISTS 'sf_adm'@'%%' IDENTIFIED BY %s", (pw,))
-                c.execute("GRANT ALL ON *.* TO 'sf_adm'@'%'")
-            conn.close()
+            tp.local_user(s, "sf_adm", pw, "ALL")
         o = opts(user="sf_adm", password="sf-admin-x")
     try:
         with pytest.raises(PromotionRefused, match=r"(?s)is alive.*planned") as refused:
