@@ -5,7 +5,8 @@ them:
 
 * :class:`ObjectCache` — object bodies (the raw JSON text of the row) in
   memcached, through pymemcache's ``HashClient`` over the memcached group.
-  Read-through: one multi-get, the database only for the misses, then a fill.
+  Read-through: one multi-get (every server's request sent before any reply is
+  read), the database only for the misses, then a fill.
 * :class:`MappingCache` — the newest ``capacity`` entries of one mapping list
   (``board_has_pins`` of one board) as a Redis sorted set, with a marker that
   says whether the set holds the whole list. ``add``/``remove`` keep it right
@@ -155,9 +156,18 @@ def _hash_client_class() -> Any:
 
         def get_many(self, keys: Sequence[str], gets: bool = False,
                      *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            """HashClient.get_many without its per-key key check (our keys are made by
-            :meth:`ObjectCache.key`: ASCII, no spaces, short), which cost more than the
-            hashing."""
+            """A multi-get with every server's request in flight at once.
+
+            One ``get k1 k2 ...`` per server is sent before any reply is read, so the
+            servers work at the same time (pymemcache's ``HashClient.get_many`` asks
+            them one after the other); the replies are then read in turn. Each phase
+            of each server goes through ``_safely_run_func``, so the ring's
+            retry / mark-dead policy and the failure logging stay as for any other
+            command, and a failing server is a miss for its keys only. Keys are not
+            re-checked (they are made by :meth:`ObjectCache.key`: ASCII, no spaces,
+            short). Values come back as the raw bytes stored (the object cache stores
+            bytes only, so no serde applies).
+            """
             if gets or args or kwargs:
                 return dict(super().get_many(keys, gets, *args, **kwargs))
             if self._dead_clients:
@@ -168,10 +178,18 @@ def _hash_client_class() -> Any:
                 node = get_node(key)
                 if node is not None:
                     batches.setdefault(node, []).append(key)
+            sent: list[_MultiGet] = []
             out: dict[Any, Any] = {}
-            for node, batch in batches.items():
-                client = self.clients[node]
-                out.update(self._safely_run_func(client, client.get_many, {}, batch))
+            try:
+                for node, batch in batches.items():
+                    mg = _MultiGet(self.clients[node], batch)
+                    if self._safely_run_func(mg.client, mg.send, False):
+                        sent.append(mg)
+                for mg in sent:
+                    out.update(self._safely_run_func(mg.client, mg.read, {}))
+            finally:
+                for mg in sent:
+                    mg.release()
             return out
 
         def add_many(self, values: dict[str, bytes], expire: int) -> None:
@@ -189,6 +207,96 @@ def _hash_client_class() -> Any:
                 self._safely_run_func(client, _add_many_one, None, client, batch, expire)
 
     return _LoggingHashClient
+
+
+class _MultiGet:
+    """One server's part of a parallel multi-get: :meth:`send` the request on a pooled
+    connection, :meth:`read` the reply later, :meth:`release` the connection (back to
+    the pool after a full reply, destroyed otherwise: a reply left unread would be
+    read by the next command).
+
+    Relies on pymemcache 4.x as pinned by ``tests/unit/test_cache_contract.py``: a
+    ``PooledClient`` has ``client_pool`` (``get``/``release``/``destroy``) of
+    ``Client`` objects whose ``sock`` is the connected socket (None until a command
+    connects it, and again after ``close()``; its timeout is the client's).
+    """
+
+    __slots__ = ("client", "keys", "conn", "done")
+
+    def __init__(self, client: Any, keys: list[str]) -> None:
+        self.client = client
+        self.keys = keys
+        self.conn: Any = None
+        self.done = False
+
+    def send(self) -> bool:
+        pool = getattr(self.client, "client_pool", None)
+        conn = pool.get() if pool is not None else self.client
+        self.conn = conn
+        if conn.sock is None:
+            conn.version()  # a public command connects it (a new connection only)
+        conn.sock.sendall(("get " + " ".join(self.keys) + "\r\n").encode())
+        return True
+
+    def read(self) -> dict[str, bytes]:
+        out = _read_values(self.conn.sock)
+        self.done = True
+        return out
+
+    def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        pool = getattr(self.client, "client_pool", None)
+        if self.done:
+            if pool is not None:
+                pool.release(conn)
+            return
+        if pool is not None:
+            pool.destroy(conn)  # closes it (the pool's after_remove)
+        else:
+            conn.close()
+
+
+class MemcacheReplyError(Exception):
+    """A memcached reply to a multi-get that is not ``VALUE``/``END`` (the server said
+    ``ERROR``, ``CLIENT_ERROR`` or ``SERVER_ERROR``, or sent something else)."""
+
+
+def _read_values(sock: Any) -> dict[str, bytes]:
+    """Read one ``get`` reply (``VALUE <key> <flags> <bytes>\\r\\n<data>\\r\\n``... ``END``)
+    from *sock*; ``{key: data}``. A closed connection raises ``ConnectionError`` (an
+    ``OSError``, so the ring counts it as a server failure, like a timeout)."""
+    buf = b""
+    pos = 0
+    out: dict[str, bytes] = {}
+    recv = sock.recv
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            chunk = recv(262144)
+            if not chunk:
+                raise ConnectionError("memcached closed the connection mid-reply")
+            buf = buf[pos:] + chunk
+            pos = 0
+            continue
+        if buf.startswith(b"VALUE ", pos):
+            parts = buf[pos + 6:eol].split()
+            start = eol + 2
+            end = start + int(parts[2])
+            while len(buf) < end + 2:
+                chunk = recv(max(262144, end + 2 - len(buf)))
+                if not chunk:
+                    raise ConnectionError("memcached closed the connection mid-reply")
+                buf += chunk
+            out[parts[0].decode()] = buf[start:end]
+            pos = end + 2
+        elif buf.startswith(b"END\r\n", pos):
+            if eol + 2 != len(buf):
+                raise MemcacheReplyError("memcached sent bytes after END")
+            return out
+        else:
+            raise MemcacheReplyError(f"memcached answered {buf[pos:eol][:64]!r}")
 
 
 def _add_many_one(client: Any, values: dict[str, bytes], expire: int) -> None:
@@ -266,7 +374,8 @@ class ObjectCache:
         return bytes(raw)
 
     def get_many(self, object_ids: Iterable[int]) -> dict[int, bytes]:
-        """``{id: raw body}`` for the IDs found; one multi-get per memcached server."""
+        """``{id: raw body}`` for the IDs found; one ``get`` per memcached server, all of
+        them sent before any reply is read (the servers answer at the same time)."""
         keys = {self.key(i): i for i in object_ids}
         got = self._call("get_many", self.client.get_many, list(keys), default={}) or {}
         out: dict[int, bytes] = {}

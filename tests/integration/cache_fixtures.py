@@ -83,3 +83,93 @@ def cached_store(cache_router, caches):
     s = Store(cache_router, object_cache=oc, mapping_cache=mc)
     yield s
     s.close()
+
+
+class BarrierProxies:
+    """TCP proxies in front of memcached servers that, while armed, hold every reply
+    until each proxy of the group has received a request.
+
+    A client that asks the servers in parallel (every request sent before any reply
+    is read) passes at once. A client that waits for one server's reply before asking
+    the next gets it only when the proxy gives up holding (*hold* seconds); each such
+    release is counted in :attr:`timeouts`, which is how a test tells the two apart
+    without measuring any time.
+    """
+
+    def __init__(self, servers, hold: float = 2.0) -> None:
+        import socket
+        import threading
+
+        self.hold = hold
+        self.timeouts = 0
+        self._cond = threading.Condition()
+        self._armed = False
+        self._seen: set[int] = set()
+        self._stop = threading.Event()
+        self._socks: list = []
+        self.listeners = []
+        for i, s in enumerate(servers):
+            ls = socket.create_server(("127.0.0.1", 0))
+            self.listeners.append(ls)
+            threading.Thread(target=self._accept, args=(i, ls, s.port), daemon=True,
+                             name=f"barrier-accept-{i}").start()
+        self.addresses = [f"127.0.0.1:{ls.getsockname()[1]}" for ls in self.listeners]
+
+    def arm(self) -> None:
+        """From now on, replies wait until every proxy has seen a request."""
+        with self._cond:
+            self._armed, self._seen = True, set()
+            self.timeouts = 0
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._armed = False
+            self._cond.notify_all()
+
+    def _accept(self, i: int, ls, port: int) -> None:
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                client, _ = ls.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", port))
+            self._socks += [client, upstream]
+            threading.Thread(target=self._requests, args=(i, client, upstream),
+                             daemon=True).start()
+            threading.Thread(target=self._replies, args=(upstream, client),
+                             daemon=True).start()
+
+    def _requests(self, i: int, client, upstream) -> None:
+        try:
+            while data := client.recv(65536):
+                with self._cond:
+                    self._seen.add(i)
+                    self._cond.notify_all()
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            upstream.close()
+
+    def _replies(self, upstream, client) -> None:
+        n = len(self.listeners)
+        try:
+            while data := upstream.recv(65536):
+                with self._cond:
+                    if self._armed and not self._cond.wait_for(
+                            lambda: not self._armed or len(self._seen) == n, self.hold):
+                        self.timeouts += 1
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.disarm()
+        for s in self.listeners + self._socks:
+            s.close()

@@ -14,11 +14,11 @@ import random
 import pytest
 
 from shardfleet import ids
-from shardfleet.cache import MappingCache
+from shardfleet.cache import MappingCache, ObjectCache
 from shardfleet.errors import ObjectNotFound
 from shardfleet.store import Store
 
-from .cache_fixtures import mapping_cache, object_cache
+from .cache_fixtures import BarrierProxies, mapping_cache, object_cache
 from .conftest import SHARDS_A
 
 
@@ -78,6 +78,84 @@ def test_get_many_one_multiget_then_db_for_misses(cached_store, caches, mariadb_
     res = cached_store.get_many(made[:6])
     assert [b["n"] for b in res.bodies()] == [0, 100, 4, 5], "made[0], [4], [5] stay cached"
     assert res.missing == [made[2], made[3]]
+
+
+def test_multiget_asks_every_memcached_server_before_reading_a_reply(memcached_group):
+    """The object multi-get sends its request to every server before it reads any reply:
+    behind proxies that hold each reply until both servers were asked, a multi-get
+    asking one server after the other gets a reply only when a proxy gives up."""
+    proxies = BarrierProxies(memcached_group, hold=2.0)
+    # long socket timeouts: a held reply is released by the proxy, never timed out here
+    oc = ObjectCache(proxies.addresses, timeout=10.0, connect_timeout=10.0,
+                     prefix=f"barrier{random.getrandbits(32)}:o:")
+    try:
+        bodies = {ids.compose(s, 1, 1): f'{{"s":{s}}}'.encode() for s in range(40)}
+        oc.fill_many(bodies)
+        assert oc.get_many(bodies) == bodies, "filled bodies read back (proxies not armed)"
+        nodes = {oc.client.hasher.get_node(oc.key(i)) for i in bodies}
+        assert len(nodes) == 2, "the keys span both servers"
+        for _ in range(3):
+            proxies.arm()
+            assert oc.get_many(bodies) == bodies, "every key is a hit"
+            assert proxies.timeouts == 0, (
+                f"{proxies.timeouts} memcached replies were awaited before the other "
+                "server had been asked: the multi-get asks the servers one after the other")
+        assert oc.health.errors == 0
+    finally:
+        proxies.disarm()
+        oc.close()
+        proxies.close()
+
+
+def test_pymemcache_socket_contract(memcached_group):
+    """What the parallel multi-get relies on in pymemcache's Client, on a real server:
+    ``sock`` is None until a public command (``version``) connects it, then a socket
+    with the client's timeout on which a raw ``get`` is answered; ``close`` resets it;
+    ``_store_cmd(b"add", ...)`` (the fills' pipelined add) stores without a reply."""
+    from pymemcache.client.base import Client
+
+    from shardfleet.cache import _read_values
+
+    who = "pymemcache changed what shardfleet.cache relies on: "
+    c = Client(("127.0.0.1", memcached_group[0].port), timeout=3.0, connect_timeout=3.0)
+    try:
+        assert c.sock is None, who + "a new Client has sock None"
+        assert c.version(), who + "version()"
+        assert c.sock is not None and c.sock.gettimeout() == 3.0, who + "sock after a command"
+        key = f"contract{random.getrandbits(32)}"
+        c._store_cmd(b"add", {key: b"v1"}, 60, True)
+        c._store_cmd(b"add", {key: b"v2"}, 60, True)  # add: the first value stays
+        c.sock.sendall(f"get {key} {key}x\r\n".encode())
+        assert _read_values(c.sock) == {key: b"v1"}, who + "raw get after _store_cmd add"
+        assert c.get(key) == b"v1", "the connection is clean after the raw reply"
+        c.close()
+        assert c.sock is None, who + "close() resets sock"
+    finally:
+        c.close()
+
+
+def test_multiget_server_dying_mid_reply_costs_only_its_keys(memcached_group, tmp_path):
+    """A server whose reply never completes (killed after the request was sent) is a miss
+    for its keys; the other server's hits stay, and its connection is not reused."""
+    from shardfleet.testing import MemcachedServer
+
+    group = [memcached_group[0], MemcachedServer(tmp_path).start()]
+    oc = object_cache(group, timeout=2.0)
+    try:
+        bodies = {ids.compose(s, 1, 7): b'{"k":%d}' % s for s in range(40)}
+        oc.fill_many(bodies)
+        assert oc.get_many(bodies) == bodies
+        on_first = {i for i in bodies
+                    if oc.client.hasher.get_node(oc.key(i)) == group[0].address}
+        assert 0 < len(on_first) < 40
+        group[1].kill()
+        got = oc.get_many(bodies)
+        assert set(got) == on_first, "the live server's hits survive the dead one"
+        assert oc.health.errors >= 1
+        assert oc.get_many(bodies).keys() == on_first, "and again (the ring skips it)"
+    finally:
+        oc.close()
+        group[1].stop(remove=True)
 
 
 def test_fill_after_invalidation_is_refused(cached_store, caches):
