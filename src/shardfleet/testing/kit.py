@@ -1,10 +1,12 @@
 """The test kit the integration, e2e and fault tests and the benchmarks share.
 
 * :class:`Writer` — a bounded writer through the routing library (several threads,
-  creates and read-modify-write updates) whose :class:`WriterLog` holds every
-  acknowledged write (``acked``: the last acknowledged version per object) and every
-  errored one (``uncertain``: an update that failed may or may not have happened;
-  ``errors``: creates that failed may have left a row);
+  creates and read-modify-write updates, through one store or several) whose
+  :class:`WriterLog` holds every acknowledged write (``acked``: the last acknowledged
+  version per object) and every errored one (``uncertain``: an update that failed may
+  or may not have happened; ``errors``: creates that failed may have left a row), and
+  the history of every operation, invoked and completed ``ok`` or ``info``
+  (:mod:`shardfleet.testing.history`, for the fault campaign's checker);
 * :func:`check_writes` — the checker over that log and the servers: nothing
   acknowledged lost or stale, no row nobody acknowledged beyond the errored creates,
   no write accepted by a server the map no longer names;
@@ -21,6 +23,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from shardfleet.shardmap import ShardMap
 from shardfleet.split import Credentials, Split, SplitSpec
 from shardfleet.store import Store
 from shardfleet.testing import MariaDBServer
+from shardfleet.testing.history import History
 
 APP_USER, APP_PASSWORD = "sf_app", "sf-app-test"
 REPL_USER, REPL_PASSWORD = "sf_repl", "sf-repl-test"
@@ -46,23 +50,28 @@ def _sql(server: MariaDBServer, statement: str, params: Any = None) -> list[Any]
     return server.sql(statement, params)
 
 
-def make_server(base: Path, server_id: int, side: str = "a") -> MariaDBServer:
+def make_server(base: Path, server_id: int, side: str = "a",
+                extra: list[str] | None = None) -> MariaDBServer:
+    """A MariaDB server for one side of a pair, with the application and replication users;
+    *extra*: more server options (semi-sync, read_only at boot, ...)."""
     s = MariaDBServer(base, server_id=server_id, extra=[
         "--innodb-file-per-table=0", "--auto-increment-increment=2",
-        f"--auto-increment-offset={1 if side == 'a' else 2}"]).start()
+        f"--auto-increment-offset={1 if side == 'a' else 2}", *(extra or [])]).start()
     for user, pw in ((APP_USER, APP_PASSWORD), (REPL_USER, REPL_PASSWORD)):
         _sql(s, f"CREATE USER IF NOT EXISTS '{user}'@'%%' IDENTIFIED BY %s", (pw,))
     _sql(s, f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{REPL_USER}'@'%'")
     return s
 
 
-def pair_up(a: MariaDBServer, b: MariaDBServer) -> None:
-    """Wire a and b master-master with GTID, like the mysql role does."""
+def pair_up(a: MariaDBServer, b: MariaDBServer, connect_retry: int | None = None) -> None:
+    """Wire a and b master-master with GTID, like the mysql role does (*connect_retry*:
+    seconds between a replica's reconnection attempts; the server's default when None)."""
+    retry = "" if connect_retry is None else f", MASTER_CONNECT_RETRY={int(connect_retry)}"
     for me, peer in ((a, b), (b, a)):
         pos = _sql(peer, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
         _sql(me, "SET GLOBAL gtid_slave_pos = %s", (pos,))
         _sql(me, "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, "
-                 "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos",
+                 f"MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos{retry}",
              (peer.port, REPL_USER, REPL_PASSWORD))
         _sql(me, "START SLAVE")
 
@@ -159,6 +168,7 @@ class WriterLog:
     latencies: list[tuple[float, float, int]] = field(default_factory=list)  # start, secs, shard
     created: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # shard -> n
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # in every body it writes
+    history: History = field(default_factory=History)  # every invocation and completion
 
     def longest(self, shards: set[int] | None = None, since: float = 0.0) -> float:
         xs = [d for t, d, s in self.latencies if t >= since and (shards is None or s in shards)]
@@ -172,12 +182,16 @@ class Writer:
 
     *shards* None: creates go to any open shard (the store picks). *updates*: the share
     of operations that update an object this thread created (read-modify-write), the
-    rest create. ``ack_times`` and the helpers below measure stalls (a promotion's)."""
+    rest create. ``ack_times`` and the helpers below measure stalls (a promotion's).
+    *stores*: thread *n* writes through ``stores[n % len(stores)]`` (several routers)
+    instead of *store*. Every create's body carries its history index (``op``)."""
 
     def __init__(self, store: Store, shards: list[int] | None, *, threads: int = 3,
                  seconds: float = 60.0, max_ops: int = 20_000, seed: int = 7,
-                 pause: float = 0.0, updates: float = 0.5) -> None:
+                 pause: float = 0.0, updates: float = 0.5,
+                 stores: Sequence[Store] | None = None) -> None:
         self.store, self.shards = store, shards
+        self.stores = list(stores) if stores else [store]
         self.threads, self.seconds, self.max_ops = threads, seconds, max_ops
         self.pause = pause  # seconds each thread sleeps between operations
         self.updates = updates
@@ -236,6 +250,8 @@ class Writer:
 
     def _run(self, n: int) -> None:
         rng = random.Random(n)
+        store = self.stores[n % len(self.stores)]
+        history = self.log.history
         mine: list[int] = []
         deadline = time.monotonic() + self.seconds
         for _ in range(self.max_ops):
@@ -249,26 +265,32 @@ class Writer:
                 with self._lock:
                     v = self.log.acked[oid] + 1
                     self.log.uncertain[oid].add(v)
+                value = {"id": oid, "v": v}
+                k = history.invoke(n, "update", value)
                 try:
-                    self.store.update(oid, {"v": v})
+                    store.update(oid, {"v": v})
                 except Exception as exc:  # noqa: BLE001 - logged, checked by the test
+                    history.info(k, n, "update", value, repr(exc))
                     with self._lock:
                         self.log.errors.append((shard, repr(exc)))
                     self._stop.wait(0.02)
                     continue
+                history.ok(k, n, "update", value)
                 with self._lock:
                     self.log.acked[oid] = max(self.log.acked[oid], v)
                     self.log.uncertain[oid].discard(v)
             else:
+                k = history.invoke(n, "create", {"shard": shard})
                 try:
-                    oid = self.store.create(PIN, {"v": 0, "w": n, "tag": self.log.tag},
-                                            near=ids.compose(shard, PIN, 1)
-                                            if shard >= 0 else None)
+                    oid = store.create(PIN, {"v": 0, "w": n, "tag": self.log.tag, "op": k},
+                                       near=ids.compose(shard, PIN, 1) if shard >= 0 else None)
                 except Exception as exc:  # noqa: BLE001
+                    history.info(k, n, "create", {"shard": shard}, repr(exc))
                     with self._lock:
                         self.log.errors.append((shard, repr(exc)))
                     self._stop.wait(0.02)
                     continue
+                history.ok(k, n, "create", {"shard": shard, "id": oid})
                 shard = ids.shard_of(oid)
                 with self._lock:
                     self.log.acked[oid] = 0

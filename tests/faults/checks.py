@@ -1,0 +1,122 @@
+"""The checker the campaign runs after every run: the writer's history against the servers
+(:func:`shardfleet.testing.history.check_history`, plus the kit's
+:func:`~shardfleet.testing.kit.check_writes` for a split), and the fleet's health: every
+pair replicating both ways, no range frozen, no operation in flight, the fleet writable
+through a router. Each check returns problems (strings) instead of raising, so one run
+reports everything that is wrong with it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from shardfleet import ids, ops
+from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.router import Router
+from shardfleet.shardmap import ShardMap
+from shardfleet.store import Store
+from shardfleet.testing import MariaDBServer
+from shardfleet.testing.kit import APP_PASSWORD, APP_USER
+
+FROZEN_KEYS = ("frozen_from", "frozen_by")
+
+
+def map_problems(m: ShardMap | None) -> list[str]:
+    if m is None:
+        return ["the map is gone"]
+    out = []
+    for r in m.ranges:
+        if r.state == "frozen" or any(k in r.extra for k in FROZEN_KEYS):
+            out.append(f"range left frozen: {r.describe()} {dict(r.extra)}")
+    return out
+
+
+def in_flight_problems(store: ZooKeeperMapStore) -> list[str]:
+    return [f"operation left in flight: {op.describe()}" for op in ops.in_flight(store)]
+
+
+def _replica_rows(server: MariaDBServer) -> list[dict[str, Any]]:
+    conn = server.connect()
+    try:
+        with conn.cursor() as c:
+            c.execute("SHOW ALL SLAVES STATUS")
+            cols = [d[0] for d in c.description]
+            return [dict(zip(cols, r, strict=True)) for r in c.fetchall()]
+    finally:
+        conn.close()
+
+
+def both_ways(a: MariaDBServer, b: MariaDBServer, timeout: float = 30.0) -> list[str]:
+    """Each node replicates from the other (its default channel runs) and a row written on
+    each node reaches the other, within *timeout* (bounded; tolerant of a busy machine)."""
+    out = []
+    for s in (a, b):
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = [r for r in _replica_rows(s) if not r.get("Connection_name")]
+            ok = len(rows) == 1 and (rows[0]["Slave_IO_Running"],
+                                     rows[0]["Slave_SQL_Running"]) == ("Yes", "Yes")
+            if ok:
+                break
+            if time.monotonic() > deadline:
+                out.append(f"{s.address} does not replicate from its peer: "
+                           + (", ".join(f"IO {r['Slave_IO_Running']} SQL "
+                                        f"{r['Slave_SQL_Running']} {r['Last_Error'] or ''}"
+                                        f"{r['Last_IO_Error'] or ''}" for r in rows)
+                              or "no channel"))
+                break
+            time.sleep(0.2)
+    if out:
+        return out
+    a.sql("CREATE DATABASE IF NOT EXISTS sf_faults")
+    a.sql("CREATE TABLE IF NOT EXISTS sf_faults.marks (mark VARCHAR(40) PRIMARY KEY)")
+    r = b.sql("SELECT MASTER_GTID_WAIT(%s, %s)",
+              (a.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0], timeout))[0][0]
+    if r != 0:
+        return [f"{b.address} did not apply {a.address}'s position within {timeout}s"]
+    for src, dst in ((a, b), (b, a)):
+        mark = uuid.uuid4().hex
+        src.sql("INSERT INTO sf_faults.marks VALUES (%s)", (mark,))
+        pos = src.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+        r = dst.sql("SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))[0][0]
+        got = dst.sql("SELECT COUNT(*) FROM sf_faults.marks WHERE mark = %s", (mark,))[0][0]
+        if r != 0 or got != 1:
+            out.append(f"a row written on {src.address} did not reach {dst.address} "
+                       f"within {timeout}s")
+    return out
+
+
+def writable_problems(zk: str, cluster: str, tmp: Path, shards: list[int],
+                      timeout: float = 20.0) -> list[str]:
+    """A fresh router creates (and reads back) an object on each of *shards*, each within
+    *timeout* (the router's own waits included)."""
+    router = Router(ZooKeeperMapStore(zk, cluster), cache_file=tmp / f"w-{uuid.uuid4().hex[:6]}",
+                    user=APP_USER, password=APP_PASSWORD, frozen_wait=5.0, connect_timeout=2,
+                    read_timeout=10)
+    store = Store(router)
+    out = []
+    try:
+        for shard in shards:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    oid = store.create("pin", {"after": shard}, near=ids.compose(shard, 1, 1))
+                    if store.get(oid) != {"after": shard}:
+                        out.append(f"shard {shard}: object {oid} read back differently")
+                    break
+                except Exception as exc:  # noqa: BLE001 - reported as a problem
+                    if time.monotonic() > deadline:
+                        out.append(f"shard {shard} is not writable through a router: "
+                                   f"{type(exc).__name__}: {exc}")
+                        break
+                    time.sleep(0.5)
+    finally:
+        store.close()
+        router.close()
+    return out
+
+
+def read_only(server: MariaDBServer) -> bool:
+    return bool(server.sql("SELECT @@GLOBAL.read_only")[0][0])
