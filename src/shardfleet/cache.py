@@ -104,29 +104,50 @@ class FastRendezvousHash:
     its server leaves) at a few microseconds per key.
     """
 
+    MEMO_MAX = 65536  # remembered placements (key -> node); about 10 MB when full
+
     def __init__(self, nodes: Iterable[str] | None = None, seed: int = 0) -> None:
         self.nodes: list[str] = []
         self._salts: dict[str, bytes] = {}
+        self._ring: tuple[tuple[str, bytes], ...] = ()
+        self._memo: dict[str | bytes, str | None] = {}
         for n in nodes or ():
             self.add_node(n)
+
+    def _changed(self) -> None:
+        # ring before memo: a reader that sees the new memo computes on the new ring; one
+        # that still holds the old memo writes into a dict nobody reads any more
+        self._ring = tuple((n, self._salts[n]) for n in self.nodes)
+        self._memo = {}
 
     def add_node(self, node: str) -> None:
         if node not in self._salts:
             self.nodes.append(node)
             self._salts[node] = f"{node}-".encode()
+            self._changed()
 
     def remove_node(self, node: str) -> None:
         if node in self._salts:
             self.nodes.remove(node)
             del self._salts[node]
+            self._changed()
 
     def get_node(self, key: str | bytes) -> str | None:
+        """The node of *key*: remembered (a page's keys recur), else the highest MD5 score.
+        The memory is dropped whenever a node comes or goes, and when it is full."""
+        memo = self._memo
+        best = memo.get(key)
+        if best is not None:
+            return best
         raw = key.encode() if isinstance(key, str) else key
-        best, best_score = None, b""
-        for node in self.nodes:
-            score = hashlib.md5(self._salts[node] + raw, usedforsecurity=False).digest()
+        best_score = b""
+        for node, salt in self._ring:
+            score = hashlib.md5(salt + raw, usedforsecurity=False).digest()
             if score > best_score:
                 best, best_score = node, score
+        if len(memo) >= self.MEMO_MAX:
+            self._memo = memo = {}
+        memo[key] = best
         return best
 
 
@@ -193,18 +214,25 @@ def _hash_client_class() -> Any:
             return out
 
         def add_many(self, values: dict[str, bytes], expire: int) -> None:
-            """``add`` of many keys, one pipelined write per server, without replies.
-
-            pymemcache has ``set_many`` but no ``add_many``; its client's
-            ``_store_cmd`` (4.x) sends any store command for many keys at once.
-            """
-            batches: dict[Any, dict[str, bytes]] = {}
+            """``add`` of many keys, one pipelined write per server, without replies
+            (``noreply``: a fill is best effort). pymemcache has ``set_many`` but no
+            ``add_many``; the commands are written here, as for the multi-get (keys
+            from :meth:`ObjectCache.key`, values bytes stored with flags 0, as
+            pymemcache stores bytes)."""
+            if self._dead_clients:
+                self._retry_dead()
+            batches: dict[str, list[bytes]] = {}
+            get_node = self.hasher.get_node
+            tail = b" 0 %d " % expire
             for key, value in values.items():
-                client = self._get_client(key)
-                if client is not None:
-                    batches.setdefault(client, {})[key] = value
-            for client, batch in batches.items():
-                self._safely_run_func(client, _add_many_one, None, client, batch, expire)
+                node = get_node(key)
+                if node is not None:
+                    batches.setdefault(node, []).append(
+                        b"add " + key.encode() + tail + b"%d noreply\r\n" % len(value)
+                        + value + b"\r\n")
+            for node, parts in batches.items():
+                client = self.clients[node]
+                self._safely_run_func(client, _send_noreply, None, client, b"".join(parts))
 
     return _LoggingHashClient
 
@@ -215,7 +243,8 @@ class _MultiGet:
     the pool after a full reply, destroyed otherwise: a reply left unread would be
     read by the next command).
 
-    Relies on pymemcache 4.x as pinned by ``tests/unit/test_cache_contract.py``: a
+    Relies on pymemcache 4.x as pinned by ``tests/unit/test_cache_contract.py`` and
+    ``tests/integration/test_cache.py::test_pymemcache_socket_contract``: a
     ``PooledClient`` has ``client_pool`` (``get``/``release``/``destroy``) of
     ``Client`` objects whose ``sock`` is the connected socket (None until a command
     connects it, and again after ``close()``; its timeout is the client's).
@@ -230,12 +259,13 @@ class _MultiGet:
         self.done = False
 
     def send(self) -> bool:
-        pool = getattr(self.client, "client_pool", None)
-        conn = pool.get() if pool is not None else self.client
+        conn = _checkout(self.client)
+        try:
+            conn.sock.sendall(("get " + " ".join(self.keys) + "\r\n").encode())
+        except BaseException:
+            _checkin(self.client, conn, ok=False)
+            raise
         self.conn = conn
-        if conn.sock is None:
-            conn.version()  # a public command connects it (a new connection only)
-        conn.sock.sendall(("get " + " ".join(self.keys) + "\r\n").encode())
         return True
 
     def read(self) -> dict[str, bytes]:
@@ -245,17 +275,8 @@ class _MultiGet:
 
     def release(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is None:
-            return
-        pool = getattr(self.client, "client_pool", None)
-        if self.done:
-            if pool is not None:
-                pool.release(conn)
-            return
-        if pool is not None:
-            pool.destroy(conn)  # closes it (the pool's after_remove)
-        else:
-            conn.close()
+        if conn is not None:
+            _checkin(self.client, conn, ok=self.done)
 
 
 class MemcacheReplyError(Exception):
@@ -299,13 +320,39 @@ def _read_values(sock: Any) -> dict[str, bytes]:
             raise MemcacheReplyError(f"memcached answered {buf[pos:eol][:64]!r}")
 
 
-def _add_many_one(client: Any, values: dict[str, bytes], expire: int) -> None:
+def _checkout(client: Any) -> Any:
+    """A connected pymemcache ``Client`` of *client* (from its pool when it has one)."""
+    pool = getattr(client, "client_pool", None)
+    conn = pool.get() if pool is not None else client
+    try:
+        if conn.sock is None:
+            conn.version()  # a public command connects it (a new connection only)
+    except BaseException:
+        _checkin(client, conn, ok=False)
+        raise
+    return conn
+
+
+def _checkin(client: Any, conn: Any, ok: bool) -> None:
+    """Back to the pool after a complete exchange; closed (destroyed) otherwise."""
     pool = getattr(client, "client_pool", None)
     if pool is None:
-        client._store_cmd(b"add", values, expire, True)
-        return
-    with pool.get_and_release(destroy_on_fail=True) as c:
-        c._store_cmd(b"add", values, expire, True)
+        if not ok:
+            conn.close()
+    elif ok:
+        pool.release(conn)
+    else:
+        pool.destroy(conn)  # closes it (the pool's after_remove)
+
+
+def _send_noreply(client: Any, payload: bytes) -> None:
+    conn = _checkout(client)
+    try:
+        conn.sock.sendall(payload)
+    except BaseException:
+        _checkin(client, conn, ok=False)
+        raise
+    _checkin(client, conn, ok=True)
 
 
 def _server_tuple(server: str) -> tuple[str, int]:
@@ -337,6 +384,11 @@ class ObjectCache:
                  prefix: str = "sf1:o:", max_pool_size: int = 16, client: Any = None) -> None:
         self.ttl = int(ttl)
         self.tombstone_ttl = int(tombstone_ttl)
+        if not (prefix.isascii() and prefix.isprintable() and " " not in prefix
+                and len(prefix) <= 200):
+            # keys go on the wire unchecked (the multi-get and the fills write them)
+            raise ValueError(f"object cache prefix {prefix!r} must be printable ASCII "
+                             "without spaces, at most 200 characters")
         self.prefix = prefix
         self.health = _Health("object cache")
         self.stats = CacheStats()
@@ -472,16 +524,22 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 """
 
-# KEYS: zset, meta, gen. ARGV: expected gen ('' = none), 'C' or 'P', ttl, score, member, ...
-# Writes only if no change committed since the reader looked (the generation is unchanged).
+# KEYS: zset, meta, gen. ARGV: expected gen ('' = none), 'C' or 'P', ttl,
+# "score member score member ..." (one string: packing 2 x N arguments costs redis-py
+# more than the round trip). Writes only if no change committed since the reader looked
+# (the generation is unchanged). ZADD in chunks: one Lua unpack of more than ~8,000
+# values fails ("too many results to unpack").
 _FILL_LUA = """
 local g = redis.call('GET', KEYS[3]) or ''
 if g ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if #ARGV > 3 then
-  redis.call('ZADD', KEYS[1], unpack(ARGV, 4))
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
+local batch, n = {}, 0
+for score, member in string.gmatch(ARGV[4], '(%S+) (%S+)') do
+  batch[n + 1] = score; batch[n + 2] = member; n = n + 2
+  if n >= 1000 then redis.call('ZADD', KEYS[1], unpack(batch, 1, n)); n = 0 end
 end
+if n > 0 then redis.call('ZADD', KEYS[1], unpack(batch, 1, n)) end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 """
@@ -643,9 +701,8 @@ class MappingCache:
         """
         if token is UNAVAILABLE or any(abs(s) >= MAX_EXACT_SCORE for _, s in rows):
             return False
-        args: list[Any] = [token, "C" if complete else "P", self.ttl]
-        for to_id, seq in rows[: self.capacity]:
-            args += [seq, _member(to_id)]
+        packed = " ".join(f"{seq} {to_id:020d}" for to_id, seq in rows[: self.capacity])
+        args: list[Any] = [token, "C" if complete else "P", self.ttl, packed]
         out = self._run("fill", self._fill, keys=self.keys(name, from_id), args=args)
         if out is UNAVAILABLE:
             return False

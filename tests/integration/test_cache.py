@@ -110,8 +110,7 @@ def test_multiget_asks_every_memcached_server_before_reading_a_reply(memcached_g
 def test_pymemcache_socket_contract(memcached_group):
     """What the parallel multi-get relies on in pymemcache's Client, on a real server:
     ``sock`` is None until a public command (``version``) connects it, then a socket
-    with the client's timeout on which a raw ``get`` is answered; ``close`` resets it;
-    ``_store_cmd(b"add", ...)`` (the fills' pipelined add) stores without a reply."""
+    with the client's timeout on which raw commands are answered; ``close`` resets it."""
     from pymemcache.client.base import Client
 
     from shardfleet.cache import _read_values
@@ -123,10 +122,11 @@ def test_pymemcache_socket_contract(memcached_group):
         assert c.version(), who + "version()"
         assert c.sock is not None and c.sock.gettimeout() == 3.0, who + "sock after a command"
         key = f"contract{random.getrandbits(32)}"
-        c._store_cmd(b"add", {key: b"v1"}, 60, True)
-        c._store_cmd(b"add", {key: b"v2"}, 60, True)  # add: the first value stays
+        c.sock.sendall(f"add {key} 0 60 2 noreply\r\nv1\r\n".encode())
+        c.sock.sendall(f"add {key} 0 60 2 noreply\r\nv2\r\n".encode())  # the first stays
         c.sock.sendall(f"get {key} {key}x\r\n".encode())
-        assert _read_values(c.sock) == {key: b"v1"}, who + "raw get after _store_cmd add"
+        assert _read_values(c.sock) == {key: b"v1"}, "raw get after raw noreply adds"
+        assert c.get(key) == b"v1", who + "Client.get reads what a raw add stored (flags 0)"
         assert c.get(key) == b"v1", "the connection is clean after the raw reply"
         c.close()
         assert c.sock is None, who + "close() resets sock"
@@ -211,6 +211,21 @@ def test_fill_after_add_is_refused(cached_store, caches):
     cached_store.add("board_has_pins", board, b, sequence=2)
     assert not mc.fill("board_has_pins", board, stale, True, token), "generation moved on"
     assert cached_store.list("board_has_pins", board).ids == [b, a]
+
+
+def test_fill_of_the_largest_capacity(caches):
+    """A fill of ``capacity`` (up to 5,000) entries lands in one script call (the script
+    must not pass 10,000 values to one Lua ``unpack``, beyond Lua's stack limit)."""
+    _, shared = caches
+    big = MappingCache(shared.client, capacity=5000, prefix=shared.prefix + "big:")
+    board = ids.compose(3, 2, 1)
+    rows = [(ids.compose(4, 1, n + 1), 10_000 - n) for n in range(5000)]
+    hit, token = big.lookup("board_has_pins", board, 50)
+    assert hit is None
+    assert big.fill("board_has_pins", board, rows, True, token), "the fill was refused"
+    assert big.health.errors == 0, "the fill failed in Redis"
+    hit, _ = big.lookup("board_has_pins", board, 50)
+    assert hit is not None and hit.rows == rows[:50] and hit.more
 
 
 def test_cached_pages_match_the_database_under_random_changes(cache_router, caches):
