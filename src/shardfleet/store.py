@@ -24,7 +24,6 @@ import json
 import logging
 import random
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -77,6 +76,17 @@ def _rollback(conn: pymysql.connections.Connection) -> None:
         log.debug("rollback failed on a broken connection", exc_info=True)
 
 
+_SHARD_MASK, _SHARD_SHIFT = ids.SHARD_MASK, ids.SHARD_SHIFT
+_TYPE_MASK, _TYPE_SHIFT = ids.TYPE_MASK, ids.TYPE_SHIFT
+_LOCAL_MASK, _LOCAL_SHIFT = ids.LOCAL_MASK, ids.LOCAL_SHIFT
+
+
+def _well_formed(object_id: object) -> bool:
+    """What :func:`ids.decompose` accepts, for a plain int, without building its parts."""
+    return (type(object_id) is int and 0 < object_id <= ids.MAX_ID
+            and not object_id & ids.RESERVED_MASK and bool(object_id & _LOCAL_MASK))
+
+
 def _dumps(body: Body) -> str:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
@@ -119,8 +129,9 @@ class Store:
         self.mapping_cache = mapping_cache
         self.schema = schema or default_schema()
         self._rng = rng or random.Random()
-        # (shard, type) -> SELECT text; at most shards x types entries
+        # (shard, type) -> SELECT text; at most shards x types entries each
         self._get_sql: dict[tuple[int, int], str] = {}
+        self._many_head: dict[tuple[int, int], str] = {}
 
     def close(self) -> None:
         """Nothing to release (connections belong to the router); kept for symmetry."""
@@ -218,32 +229,47 @@ class Store:
 
 
     def _group(self, object_ids: Sequence[int]) -> dict[str, dict[tuple[int, int], list[int]]]:
-        """``{master: {(shard, type): [local, ...]}}`` under the current map."""
-        by_server: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(
-            lambda: defaultdict(list))
+        """``{master: {(shard, type): [local, ...]}}`` under the current map.
+
+        A well-formed ID is split with the layout's masks from :mod:`shardfleet.ids`
+        inline (``ids.decompose`` per ID, with its checks, cost a quarter of the
+        Python time of a 50-ID fetch); anything else goes through ``ids.decompose``,
+        which raises naming what is wrong."""
+        by_server: dict[str, dict[tuple[int, int], list[int]]] = {}
         m = self.router.map
         groups: dict[tuple[int, int], list[int]] = {}  # (shard, type) -> the server's list
         for object_id in object_ids:
-            shard, type_, local = ids.decompose(object_id)
-            key = (shard, type_)
+            if _well_formed(object_id):
+                key = ((object_id & _SHARD_MASK) >> _SHARD_SHIFT,
+                       (object_id & _TYPE_MASK) >> _TYPE_SHIFT)
+                local = (object_id & _LOCAL_MASK) >> _LOCAL_SHIFT
+            else:
+                shard, type_, local = ids.decompose(object_id)
+                key = (shard, type_)
             locals_ = groups.get(key)
             if locals_ is None:
-                self.schema.object_type(type_)
-                locals_ = groups[key] = by_server[m.range_for(shard).master][key]
+                self.schema.object_type(key[1])
+                server = by_server.setdefault(m.range_for(key[0]).master, {})
+                locals_ = groups[key] = server.setdefault(key, [])
             locals_.append(local)
         return by_server
 
     def _many_sql(self, groups: dict[tuple[int, int], list[int]]) -> str:
         """The UNION ALL of one SELECT per (shard, type) of ``(ID, body)``. Every value is an
-        int that :func:`ids.decompose` produced, written as a literal (nothing to escape;
-        escaping ~60 parameters cost a fifth of a 50-ID fetch)."""
+        int that the ID layout produced, written as a literal (nothing to escape;
+        escaping ~60 parameters cost a fifth of a 50-ID fetch). The text up to the
+        ``IN`` list is built once per (shard, type)."""
+        heads = self._many_head
         parts = []
-        for (shard, type_), locals_ in groups.items():
-            table = self.schema.object_type(type_).table
-            # the server returns whole IDs: base + local_id
-            parts.append(f"SELECT {ids.base(shard, type_):d} + local_id, body FROM "
-                         f"`{shard_database(shard)}`.`{table}` WHERE local_id IN "
-                         f"({','.join(map(str, locals_))})")
+        for key, locals_ in groups.items():
+            head = heads.get(key)
+            if head is None:
+                shard, type_ = key
+                table = self.schema.object_type(type_).table
+                # the server returns whole IDs: base + local_id
+                head = heads[key] = (f"SELECT {ids.base(shard, type_):d} + local_id, body FROM "
+                                     f"`{shard_database(shard)}`.`{table}` WHERE local_id IN (")
+            parts.append(head + ",".join(map(str, locals_)) + ")")
         return " UNION ALL ".join(parts)
 
     def _fetch_many(self, jobs: list[tuple[str, dict[tuple[int, int], list[int]]]]
@@ -385,7 +411,8 @@ class Store:
                 found[object_id] = json.loads(raw)
         else:
             for i in object_ids:
-                ids.decompose(i)  # a bad ID is the caller's error, cache or not
+                if not _well_formed(i):
+                    ids.decompose(i)  # a bad ID is the caller's error, cache or not
             cached = oc.get_many(object_ids)
             misses = [i for i in dict.fromkeys(object_ids) if i not in cached]
             fetched = self._fetch_raw(misses) if misses else {}
