@@ -158,6 +158,20 @@ def test_multiget_server_dying_mid_reply_costs_only_its_keys(memcached_group, tm
         group[1].stop(remove=True)
 
 
+def test_fill_of_a_body_too_large_for_memcached_leaves_no_stray_reply(memcached_group):
+    """A body over memcached's item size is not cached, and costs nothing after: the
+    next multi-get on the same connections gets clean replies (no error left over)."""
+    oc = object_cache(memcached_group, max_pool_size=1)
+    try:
+        small = {ids.compose(s, 1, 9): b'{"ok":%d}' % s for s in range(1, 21)}
+        huge = {ids.compose(s, 1, 8): b'"' + b"x" * (2 << 20) + b'"' for s in range(1, 5)}
+        oc.fill_many({**huge, **small})
+        assert oc.get_many(list(small) + list(huge)) == small
+        assert oc.health.errors == 0, "a multi-get after the fill failed"
+    finally:
+        oc.close()
+
+
 def test_fill_after_invalidation_is_refused(cached_store, caches):
     """The read-fill vs invalidation race: a reader that read the old row before the
     commit tries to fill after the invalidation; the tombstone refuses it."""
