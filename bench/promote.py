@@ -6,7 +6,9 @@ MariaDB pair and ZooKeeper as host processes, a writer through the routing libra
   several promotions back and forth (goal < 1 s);
 * emergency: SIGKILL the master, then the time from starting ``promote(mode=
   "emergency")`` to the first acknowledged write on the new master (goal < 5 s),
-  followed by ``rebuild_standby`` (timed) so the pair is whole again.
+  followed by ``rebuild_standby`` (timed) so the pair is whole again;
+* emergency on a silent master (SIGSTOP: nothing answers, no heartbeat reaches the
+  standby): when the promotion decided it was dead, froze, and the first ack.
 
 The container fleet's numbers (the playbooks, podman kill) come from
 tests/e2e/test_zz_promote.py, which prints them.
@@ -15,7 +17,9 @@ tests/e2e/test_zz_promote.py, which prints them.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -103,6 +107,29 @@ def main() -> int:
         t0 = time.monotonic()
         promote.rebuild_standby(store, "pair001", nodes, opts=opts)
         print(f"rebuild_standby (8 shards): {time.monotonic() - t0:.2f}s")
+
+        # a master nobody hears (SIGSTOP: its sockets stay open, nothing answers; as a host
+        # that vanished): deciding it is dead waits for the probe and the standby's silence
+        master, standby = roles(pair)
+        w = Writer(st, max_seconds=120, near=ids.compose(0, 1, 1)).start()
+        w.wait_acks(200)
+        assert master.proc is not None
+        os.kill(master.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts)
+            w.wait_acks(200)
+        finally:
+            master.kill()
+        w.stop()
+        first = w.first_ack_after(t0)
+        lost = len(missing_ids(standby.connect(), w.acked))
+        print(f"emergency, silent master: dead decided {res.timings['silence_checked']:.3f}s, "
+              f"frozen {res.timings['frozen']:.3f}s, start -> first acknowledged write "
+              f"{(first or float('nan')) - t0:.3f}s (goal < 5 s); {len(w.acked)} acked, "
+              f"{lost} lost")
+        master.start()
+        promote.rebuild_standby(store, "pair001", nodes, opts=opts)
     finally:
         st.close()
         router.close()

@@ -84,9 +84,18 @@ options:
     type: str
     default: ''
   connect_timeout:
-    description: Seconds to wait for a server to answer (an emergency tests the master with it).
+    description: Seconds to wait for a server to answer.
     type: float
     default: 2
+  probe_timeout:
+    description:
+      - I(mode=emergency) tests the master with this connect timeout (at most
+        I(connect_timeout)). A master that does not answer is taken for dead only when its
+        standby does not hear it either (no event or heartbeat within about three heartbeat
+        periods); a standby that still hears it means the control node alone is cut off,
+        and the module refuses, even with I(force=true).
+    type: float
+    default: 1
   catchup_timeout:
     description: Seconds the standby may take to catch up before anything is frozen.
     type: float
@@ -232,6 +241,7 @@ def run(module):
     p = module.params
     opts = promote.Options(user=p["login_user"], password=p["login_password"],
                            connect_timeout=p["connect_timeout"],
+                           probe_timeout=p["probe_timeout"],
                            catchup_timeout=p["catchup_timeout"],
                            drain_timeout=p["drain_timeout"], force=p["force"],
                            replication_user=p["replication_user"],
@@ -270,6 +280,7 @@ def main():
         login_user=dict(type="str", default="shardfleet_admin"),
         login_password=dict(type="str", default="", no_log=True),
         connect_timeout=dict(type="float", default=2),
+        probe_timeout=dict(type="float", default=1),
         catchup_timeout=dict(type="float", default=30),
         drain_timeout=dict(type="float", default=10),
         replication_user=dict(type="str", default="shardfleet_repl"),

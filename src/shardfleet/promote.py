@@ -66,6 +66,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -109,6 +110,11 @@ class Options:
     user: str = "shardfleet_admin"
     password: str = ""
     connect_timeout: float = 2.0
+    read_timeout: float = 30.0     # every read on an admin connection, the greeting too
+    # emergency: the probe of a master that may be dead; a master that does not answer it
+    # is dead only if its standby does not hear it either (see Listening)
+    probe_timeout: float = 1.0
+    silence_timeout: float = 5.0
     catchup_timeout: float = 30.0   # standby catches up before anything is frozen
     drain_timeout: float = 10.0     # standby applies the fenced master's last position
     trx_timeout: float = 2.0        # open write transactions on the fenced master
@@ -152,7 +158,8 @@ class Result:
 # -- small helpers ----------------------------------------------------------
 
 def _connect(server: str, opts: Options) -> pymysql.connections.Connection:
-    return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout)
+    return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout,
+                            read_timeout=opts.read_timeout)
 
 
 def mysql_code(exc: BaseException) -> int:
@@ -200,6 +207,55 @@ def _alive_refusing(server: str, why: str) -> PromotionRefused:
         "dead, so an emergency promotion would leave two masters. Fix the access (free "
         "connections, FLUSH HOSTS for a blocked host, the admin password or grants), then "
         "use mode=planned (zero loss); nothing changed")
+
+
+class Listening:
+    """Whether a standby still hears its master: the evidence an emergency promotion
+    weighs when the master does not answer the control node.
+
+    The standby's channel is read while the master is probed, every 50 ms, until a
+    deadline. The master is heard when what the channel received
+    (:func:`replication.heard`: position, heartbeats, GTIDs) changed at least twice: one
+    change can be the last bytes of a master that just died, still in flight. It is not
+    heard when the I/O thread is not connected, or nothing changed twice within three
+    heartbeat periods (``Slave_heartbeat_period``; ``replication.HEARTBEAT_PERIOD`` on the
+    channels the fleet creates) plus half a second, at most ``Options.silence_timeout``.
+    """
+
+    def __init__(self, conn: Any, opts: Options) -> None:
+        self.conn, self.opts = conn, opts
+        self.t0 = time.monotonic()
+        ch = _channel(conn)
+        self.seen = [replication.heard(ch)]
+        period = float((ch or {}).get("Slave_heartbeat_period") or 0.0)
+        self.window = min(3 * period + 0.5, opts.silence_timeout) if period > 0 \
+            else opts.silence_timeout
+
+    def watch(self, stop: Callable[[], bool]) -> str:
+        """"" when the standby does not hear the master, else what it heard; gives up
+        early (with "") when *stop* says the answer is no longer needed."""
+        deadline = self.t0 + self.window
+        while self.seen[-1] is not None:
+            if len(self.seen) >= 3:
+                return (f"{len(self.seen) - 1} changes of its I/O position or heartbeat "
+                        f"count in {time.monotonic() - self.t0:.1f}s")
+            if stop() or time.monotonic() >= deadline:
+                return ""
+            time.sleep(0.05)
+            now = replication.heard(_channel(self.conn))
+            if now is None or now != self.seen[-1]:
+                self.seen.append(now)
+        return ""
+
+    def probe(self, server: str, opts: Options) -> tuple[tuple[Any | None, str, bool], str]:
+        """:func:`reach` *server* while watching the standby: (reach's answer, what the
+        standby heard). The watch stops as soon as the probe has an answer from the
+        server itself (a connection, or an error of the server's own)."""
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(reach, server, opts)
+            heard = self.watch(lambda: fut.done() and (fut.result()[0] is not None
+                                                       or fut.result()[2]))
+            return fut.result(), heard
 
 
 def _close(conn: Any) -> None:
@@ -801,7 +857,17 @@ class _Promotion:
 
     def _connect_emergency(self) -> None:
         old, new, run, opts = self.old, self.new, self.run, self.opts
-        self.mconn, self.why, refusing = reach(old, opts)
+        # The standby first: what it has heard from the master so far, before the probe.
+        self.sconn, swhy = try_connect(new, opts)
+        if self.sconn is None:
+            raise PromotionRefused(f"the standby {new} does not answer ({swhy}): nothing to "
+                                   "promote")
+        probe = min(opts.probe_timeout, opts.connect_timeout)
+        (self.mconn, self.why, refusing), heard = Listening(self.sconn, opts).probe(
+            old, replace(opts, connect_timeout=probe, read_timeout=probe))
+        if self.mconn is not None:  # alive: the connection the steps use has the usual bounds
+            _close(self.mconn)
+            self.mconn, self.why, refusing = reach(old, opts)
         if refusing:
             # alive: even forced, it could not be fenced, and two masters would take writes
             raise _alive_refusing(old, self.why)
@@ -813,10 +879,18 @@ class _Promotion:
         if self.mconn is not None and not opts.force and not self.res.resumed:
             raise PromotionRefused(f"the master {old} answers: use mode=planned (zero loss), "
                                    "or force=true if it must be replaced anyway")
-        self.sconn, swhy = try_connect(new, opts)
-        if self.sconn is None:
-            raise PromotionRefused(f"the standby {new} does not answer ({swhy}): nothing to "
-                                   "promote")
+        if self.mconn is None:
+            self.res.timings["silence_checked"] = round(time.monotonic() - run.t0, 3)
+            if heard:
+                # cut off from this control node only: it cannot be fenced from here, and
+                # routers that still reach it would keep writing there (even forced)
+                raise PromotionRefused(
+                    f"the master {old} does not answer this control node ({self.why}), but "
+                    f"its standby {new} still receives from it ({heard}): it is alive, cut "
+                    "off from here only, and an emergency promotion would leave two masters "
+                    f"taking writes. Run the promotion from a host that reaches {old} "
+                    f"(mode=planned, zero loss), or stop {old} (e.g. stop its instance), then "
+                    "rerun this command; nothing changed")
         self.res.semisync = {"standby": semisync_state(self.sconn)}
         if self.mconn is not None:
             self.res.semisync["master"] = semisync_state(self.mconn)
@@ -1461,12 +1535,11 @@ class _Rebuild:
             c.execute("SET GLOBAL gtid_slave_pos = %s",
                       (replication.gtid_position(self.nconn),))
             if recreate is not None:
-                c.execute(f"CHANGE MASTER{_name_sql(recreate)} TO MASTER_HOST=%s, "
-                          "MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
-                          "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=%s",
-                          (recreate["Master_Host"], recreate["Master_Port"],
-                           recreate["Master_User"], self.opts.replication_password,
-                           recreate["Connect_Retry"]))
+                replication.change_master(
+                    self.mconn, recreate["Master_Host"], recreate["Master_Port"],
+                    recreate["Master_User"], self.opts.replication_password,
+                    name=str(recreate.get("Connection_name") or ""),
+                    connect_retry=int(recreate["Connect_Retry"] or 2))
                 self.res.steps.append(f"recreated {master}'s channel from {node}")
             c.execute(_channel_sql("START", mch or recreate))
             if semisync_state(self.nconn)["replica_enabled"]:  # an emergency turned it off

@@ -67,6 +67,42 @@ def wait_for_gtid(conn: Any, position: str, timeout: float) -> None:
                                  f"(it is at {gtid_applied(conn)})")
 
 
+#: Seconds between the heartbeats an idle master sends each replica (MariaDB's default is
+#: half of slave_net_timeout: 30 s). A standby that keeps counting them, or keeps receiving
+#: events, still hears its master: that is how an emergency promotion tells a master cut
+#: off from the control node only from a dead one (:mod:`shardfleet.promote`).
+HEARTBEAT_PERIOD = 0.25
+
+
+def change_master_sql(name: str = "") -> str:
+    """``CHANGE MASTER`` to a source by GTID, with the fleet's heartbeat; parameters: host,
+    port, user, password, connect retry (s), heartbeat period (s). MariaDB."""
+    quoted = f" '{name}'" if name else ""
+    return (f"CHANGE MASTER{quoted} TO MASTER_HOST = %s, MASTER_PORT = %s, MASTER_USER = %s, "
+            "MASTER_PASSWORD = %s, MASTER_CONNECT_RETRY = %s, MASTER_USE_GTID = slave_pos, "
+            "MASTER_HEARTBEAT_PERIOD = %s")
+
+
+def change_master(conn: Any, host: str, port: int, user: str, password: str, *,
+                  name: str = "", connect_retry: int = 2,
+                  heartbeat: float = HEARTBEAT_PERIOD) -> None:
+    """Point channel *name* (the default one when empty) of *conn*'s server at a source."""
+    with conn.cursor() as c:
+        c.execute(change_master_sql(name),
+                  (host, int(port), user, password, int(connect_retry), heartbeat))
+
+
+def heard(channel: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What a replica channel (a ``SHOW ALL SLAVES STATUS`` row) has received from its
+    master so far: position read, heartbeats counted, GTIDs received. It changes while the
+    master sends anything, events or heartbeats. None when the I/O thread is not connected
+    (the replica itself has lost the master)."""
+    if not channel or channel.get("Slave_IO_Running") != "Yes":
+        return None
+    return (channel.get("Master_Log_File"), channel.get("Read_Master_Log_Pos"),
+            channel.get("Slave_received_heartbeats"), channel.get("Gtid_IO_Pos"))
+
+
 def set_read_only(conn: Any, on: bool) -> bool:
     """Set global read_only; returns True when it changed."""
     cur = bool(int(topology.scalar(conn, "SELECT @@GLOBAL.read_only")))

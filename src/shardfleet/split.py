@@ -507,11 +507,9 @@ class Split:
             # master (server_id differs from the master's own): ignore the duplicates.
             self._exec(tgt, "SET GLOBAL gtid_ignore_duplicates = ON")
             self._exec(tgt, "SET GLOBAL gtid_slave_pos = %s", (slave_pos,))
-            self._exec(tgt, f"CHANGE MASTER '{name}' TO MASTER_HOST = %s, MASTER_PORT = %s, "
-                            "MASTER_USER = %s, MASTER_PASSWORD = %s, MASTER_CONNECT_RETRY = 2, "
-                            "MASTER_USE_GTID = slave_pos",
+            self._exec(tgt, replication.change_master_sql(name),
                        (host.strip("[]"), int(port), self.creds.repl_user,
-                        self.creds.repl_password))
+                        self.creds.repl_password, 2, replication.HEARTBEAT_PERIOD))
             self._exec(tgt, f"SET GLOBAL `{name}`.replicate_do_db = %s",
                        (",".join(self.databases),))
         finally:

@@ -49,17 +49,22 @@ def dialect_for(version: str) -> Dialect:
 
 
 def connect(server: str, user: str, password: str, *, timeout: float = 5.0,
-            unix_socket: str | None = None, **kw: Any) -> pymysql.connections.Connection:
-    """An admin connection to ``host:port`` (or a unix socket); one-line errors."""
+            unix_socket: str | None = None, read_timeout: float | None = None,
+            **kw: Any) -> pymysql.connections.Connection:
+    """An admin connection to ``host:port`` (or a unix socket); one-line errors.
+
+    *timeout* bounds the TCP connect; *read_timeout* (default ``max(timeout, 30)``) bounds
+    every read, the server's greeting included: a server that accepts connections and never
+    answers (stopped, wedged) is given up on after it, not after *timeout*."""
     host, _, port = server.rpartition(":")
+    kw["read_timeout"] = max(timeout, 30) if read_timeout is None else read_timeout
     try:
         if unix_socket:
             return pymysql.connect(unix_socket=unix_socket, user=user, password=password,
-                                   autocommit=True, connect_timeout=timeout,
-                                   read_timeout=max(timeout, 30), **kw)
+                                   autocommit=True, connect_timeout=timeout, **kw)
         return pymysql.connect(host=host.strip("[]"), port=int(port), user=user,
                                password=password, autocommit=True, connect_timeout=timeout,
-                               read_timeout=max(timeout, 30), **kw)
+                               **kw)
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else 0
         what = "wrong credentials" if code == 1045 else "cannot connect"

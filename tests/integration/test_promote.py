@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from shardfleet import ids, ops, promote
+from shardfleet import ids, ops, promote, replication
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 from shardfleet.promote import Options, PromotionRefused
 from shardfleet.router import Router
@@ -92,9 +92,12 @@ def attach(replica: MariaDBServer, source: MariaDBServer, pos: str | None = None
     pos = source.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] if pos is None else pos
     replica.sql("STOP SLAVE")
     replica.sql("SET GLOBAL gtid_slave_pos = %s", (pos,))
-    replica.sql("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, "
-                "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
-                (source.port, REPL_USER, REPL_PASSWORD))
+    conn = replica.connect()
+    try:  # as the mysql role and the operations do: GTID, the fleet's heartbeat period
+        replication.change_master(conn, "127.0.0.1", source.port, REPL_USER, REPL_PASSWORD,
+                                  connect_retry=1)
+    finally:
+        conn.close()
     replica.sql("START SLAVE")
 
 

@@ -9,8 +9,13 @@ one writable master, one read-only standby, replication running both ways.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pymysql
@@ -21,7 +26,16 @@ from shardfleet.promote import PromotionFailed, PromotionRefused
 from shardfleet.testing import MariaDBServer
 
 from . import test_promote as tp
-from .test_promote import PAIR, REPL_PASSWORD, REPL_USER, nodes, opts, roles, wait_applied
+from .test_promote import (
+    PAIR,
+    REPL_PASSWORD,
+    REPL_USER,
+    channel,
+    nodes,
+    opts,
+    roles,
+    wait_applied,
+)
 
 # the promotion tests' fixtures: a pair of this module's own, a fresh map per test
 pair, zk_store, writer_store = tp.pair, tp.zk_store, tp.writer_store
@@ -224,3 +238,93 @@ def test_emergency_refuses_a_master_that_answers_with_an_error(pair, zk_store, h
     assert standby.sql("SHOW ALL SLAVES STATUS"), "the standby's channel was touched"
     assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None
     both_ways(master, standby)
+
+
+# -- E: "does not answer" is not "dead" when the standby still hears the master -----------
+
+@contextlib.contextmanager
+def cut_off_from_control_node(monkeypatch, server: MariaDBServer) -> Iterator[None]:
+    """The promotion's connections to *server* go to a port that completes the TCP
+    handshake and then never answers (a blackhole), as across a partition between the
+    control node and the master; the standby and the routers still reach *server*."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # never accepted, never answered
+    real = promote._connect
+
+    def connect(addr: str, o: promote.Options) -> Any:
+        return real(f"127.0.0.1:{hole.getsockname()[1]}" if addr == server.address else addr,
+                    o)
+
+    monkeypatch.setattr(promote, "_connect", connect)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(promote, "_connect", real)
+        hole.close()
+
+
+@pytest.mark.parametrize("load", ["writing", "idle"])
+def test_emergency_refuses_a_master_cut_off_from_the_control_node_only(
+        pair, zk_store, writer_store, monkeypatch, load):
+    """Scenario: the control node cannot reach the master, routers and the standby can.
+    Writing, the standby receives events; idle, it counts heartbeats. Either way the
+    master is alive, cannot be fenced from here, and an emergency must refuse (even
+    forced) and change nothing."""
+    master, standby = roles(pair)
+    before = zk_store.read()
+    w = tp.Writer(writer_store, max_seconds=60).start() if load == "writing" else None
+    try:
+        if w is not None:
+            assert w.wait_acks(50), f"writer made no progress: {w.errors[-3:]}"
+        with cut_off_from_control_node(monkeypatch, master):
+            for force in (False, True):
+                with pytest.raises(PromotionRefused,
+                                   match=r"(?s)does not answer this control node.*"
+                                         r"still receives from it.*nothing changed"):
+                    promote.promote(zk_store, PAIR, nodes(pair), mode="emergency",
+                                    opts=opts(force=force))
+        if w is not None:
+            n = len(w.acked)
+            assert w.wait_acks(n + 20), f"writes stopped: {w.errors[-3:]}"
+    finally:
+        if w is not None:
+            w.stop()
+    after = zk_store.read()
+    assert after.version == before.version and after.map == before.map
+    assert roles(pair) == (master, standby), "read_only changed"
+    assert channel(standby).get("Slave_IO_Running") == "Yes", "the standby's channel was touched"
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None
+    both_ways(master, standby)
+
+
+def test_emergency_on_a_silent_master_goes_on_after_the_standby_hears_nothing(
+        pair, zk_store, writer_store):
+    """A master that neither the control node nor its standby hears (stopped with
+    SIGSTOP: its sockets stay open, nothing answers, no heartbeat; as a host that
+    vanished) is taken for dead: the promotion goes on, zero acknowledged writes lost."""
+    master, standby = roles(pair)
+    w = tp.Writer(writer_store, max_seconds=60).start()
+    try:
+        assert w.wait_acks(50), f"writer made no progress: {w.errors[-3:]}"
+        assert master.proc is not None
+        os.kill(master.proc.pid, signal.SIGSTOP)
+        try:
+            assert channel(standby).get("Slave_IO_Running") == "Yes"
+            res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+            assert w.wait_acks(len(w.acked) + 20), \
+                f"writer did not resume on {standby.address}: {w.errors[-3:]}"
+        finally:
+            master.kill()  # SIGKILL ends a stopped process too
+    finally:
+        w.stop()
+    assert res.changed and res.new_master == standby.address, res.to_dict()
+    assert "silence_checked" in res.timings, res.timings
+    print(f"\nsilent master: silence checked at {res.timings['silence_checked']}s, "
+          f"frozen at {res.timings.get('frozen')}s")
+    conn = standby.connect()
+    try:
+        assert tp.missing_ids(conn, w.acked) == [], "acknowledged writes lost"
+    finally:
+        conn.close()
+    rebuild_and_check(zk_store, pair, master, standby)
