@@ -116,8 +116,9 @@ def main() -> int:
         assert master.proc is not None
         os.kill(master.proc.pid, signal.SIGSTOP)
         t0 = time.monotonic()
-        try:
-            res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts)
+        try:  # the second emergency of the pair within a day names the master it expects
+            res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts,
+                                  expect_master=master.address)
             w.wait_acks(200)
         finally:
             master.kill()

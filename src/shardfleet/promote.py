@@ -1520,6 +1520,9 @@ class _Rebuild:
             c.execute("FLUSH PRIVILEGES")
             c.execute("RESET MASTER")
             c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
+        # the dump's CHANGE MASTER reset the channel's heartbeat (emergencies rely on it)
+        replication.set_heartbeat(self.nconn, str((self.nch or {}).get("Connection_name") or ""))
+        with self.nconn.cursor() as c:
             c.execute(_channel_sql("START", self.nch))
         self.res.gtid["copy"] = pos
         self.run.step("copied", position=pos)

@@ -92,6 +92,15 @@ def change_master(conn: Any, host: str, port: int, user: str, password: str, *,
                   (host, int(port), user, password, int(connect_retry), heartbeat))
 
 
+def set_heartbeat(conn: Any, name: str = "", period: float = HEARTBEAT_PERIOD) -> None:
+    """Give a stopped channel the fleet's heartbeat period again. MariaDB resets it to its
+    default (half of slave_net_timeout) on every ``CHANGE MASTER`` that does not name it,
+    such as the ``MASTER_USE_GTID`` one a ``mariadb-dump --master-data`` replays."""
+    quoted = f" '{name}'" if name else ""
+    with conn.cursor() as c:
+        c.execute(f"CHANGE MASTER{quoted} TO MASTER_HEARTBEAT_PERIOD = %s", (period,))
+
+
 def heard(channel: dict[str, Any] | None) -> tuple[Any, ...] | None:
     """What a replica channel (a ``SHOW ALL SLAVES STATUS`` row) has received from its
     master so far: position read, heartbeats counted, GTIDs received. It changes while the

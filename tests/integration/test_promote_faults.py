@@ -80,6 +80,9 @@ def rebuild_and_check(zk_store, pair_, old: MariaDBServer, new: MariaDBServer) -
     assert all(r.master == new.address and r.standby == old.address
                and "rebuild" not in r.extra for r in m.ranges), m.dumps()
     both_ways(old, new)
+    for s in (old, new):  # the heartbeat an emergency's "is it dead?" relies on
+        assert channel(s)["Slave_heartbeat_period"] == replication.HEARTBEAT_PERIOD, \
+            f"{s.address}: {channel(s)['Slave_heartbeat_period']}"
 
 
 # -- A: a planned promotion whose master dies halfway ------------------------------------
