@@ -5,12 +5,20 @@ a target pair (the kit's :class:`SplitFleet`); a promotion pair with semi-sync o
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from shardfleet import provision
 from shardfleet.schema import default_schema
-from shardfleet.testing import ZooKeeperServer
+from shardfleet.testing import MariaDBServer, ZooKeeperServer
 from shardfleet.testing.kit import APP_USER, make_server, pair_up, wait_pair_synced
+
+from .checks import both_ways, read_only
+
+log = logging.getLogger(__name__)
 
 PROMOTE_SHARDS = list(range(0, 8))
 
@@ -32,21 +40,63 @@ def zookeeper(tmp_path_factory):
     zk.stop(remove=True)
 
 
-@pytest.fixture(scope="session")
-def split_servers(tmp_path_factory):
-    base = tmp_path_factory.mktemp("split")
-    servers = []
+class Servers:
+    """Servers a session keeps, replaced when a run leaves them broken (a wedged run must
+    not fail the runs after it): :meth:`heal` checks them and starts fresh ones if needed."""
+
+    def __init__(self, base: Path, start: Callable[[Path], list[MariaDBServer]],
+                 healthy: Callable[[list[MariaDBServer]], list[str]]) -> None:
+        self.base, self.start, self.healthy = base, start, healthy
+        self.servers: list[MariaDBServer] = start(base)
+        self.replaced = 0
+
+    def heal(self) -> tuple[MariaDBServer, ...]:
+        problems = self.healthy(self.servers)
+        if problems:
+            log.warning("replacing the servers an earlier run left broken: %s", problems)
+            self.stop()
+            self.replaced += 1
+            self.servers = self.start(self.base / f"fresh{self.replaced}")
+        return tuple(self.servers)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop(remove=True)
+
+
+def _start_all(starters: list[Callable[[], MariaDBServer]]) -> list[MariaDBServer]:
+    servers: list[MariaDBServer] = []
     try:
-        servers.append(make_server(base, 11))
-        servers += [make_server(base, 31, "a"), make_server(base, 32, "b")]
-        pair_up(servers[1], servers[2])
+        for start in starters:
+            servers.append(start())
     except BaseException:
         for s in servers:
             s.stop(remove=True)
         raise
-    yield tuple(servers)
-    for s in servers:
-        s.stop(remove=True)
+    return servers
+
+
+def start_split_servers(base: Path) -> list[MariaDBServer]:
+    """A source (a single server) and a target pair, master-master."""
+    base.mkdir(parents=True, exist_ok=True)
+    servers = _start_all([lambda: make_server(base, 11), lambda: make_server(base, 31, "a"),
+                          lambda: make_server(base, 32, "b")])
+    pair_up(servers[1], servers[2])
+    return servers
+
+
+@pytest.fixture(scope="session")
+def split_servers_kept(tmp_path_factory):
+    kept = Servers(tmp_path_factory.mktemp("split"), start_split_servers,
+                   lambda s: both_ways(s[1], s[2], timeout=10.0))
+    yield kept
+    kept.stop()
+
+
+@pytest.fixture
+def split_servers(split_servers_kept):
+    """(source, target, target's standby): healthy, or fresh ones."""
+    return split_servers_kept.heal()
 
 
 SEMISYNC = ["--read-only=ON", "--rpl-semi-sync-master-enabled=ON",
@@ -54,26 +104,39 @@ SEMISYNC = ["--read-only=ON", "--rpl-semi-sync-master-enabled=ON",
             "--slave-net-timeout=5"]
 
 
-@pytest.fixture(scope="session")
-def promote_pair(tmp_path_factory):
+def start_promote_pair(base: Path) -> list[MariaDBServer]:
     """Two nodes master-master (GTID, semi-sync), the shards on the first, which is writable."""
-    base = tmp_path_factory.mktemp("promote")
-    servers = []
+    base.mkdir(parents=True, exist_ok=True)
+    servers = _start_all([lambda: make_server(base, 41, "a", SEMISYNC),
+                          lambda: make_server(base, 42, "b", SEMISYNC)])
+    a, b = servers
+    pair_up(a, b, connect_retry=1)
+    conn = a.connect(client_flag=provision.multi_statement_flags())
     try:
-        servers += [make_server(base, 41, "a", SEMISYNC), make_server(base, 42, "b", SEMISYNC)]
-        a, b = servers
-        pair_up(a, b, connect_retry=1)
-        conn = a.connect(client_flag=provision.multi_statement_flags())
-        try:
-            provision.ensure_shards(conn, PROMOTE_SHARDS, default_schema(), app_user=APP_USER)
-        finally:
-            conn.close()
-        a.sql("SET GLOBAL read_only = OFF")
-        wait_pair_synced(a, b)
-    except BaseException:
-        for s in servers:
-            s.stop(remove=True)
-        raise
-    yield tuple(servers)
-    for s in servers:
-        s.stop(remove=True)
+        provision.ensure_shards(conn, PROMOTE_SHARDS, default_schema(), app_user=APP_USER)
+    finally:
+        conn.close()
+    a.sql("SET GLOBAL read_only = OFF")
+    wait_pair_synced(a, b)
+    return servers
+
+
+def promote_pair_problems(servers: list[MariaDBServer]) -> list[str]:
+    ro = [read_only(s) for s in servers]
+    if sorted(ro) != [False, True]:
+        return [f"read_only {ro}: not one master and one standby"]
+    return both_ways(servers[0], servers[1], timeout=10.0)
+
+
+@pytest.fixture(scope="session")
+def promote_pair_kept(tmp_path_factory):
+    kept = Servers(tmp_path_factory.mktemp("promote"), start_promote_pair,
+                   promote_pair_problems)
+    yield kept
+    kept.stop()
+
+
+@pytest.fixture
+def promote_pair(promote_pair_kept):
+    """The promotion pair: healthy (one writable master, replicating both ways), or fresh."""
+    return promote_pair_kept.heal()

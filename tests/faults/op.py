@@ -4,16 +4,33 @@
 
 The JSON names the operation (``split``: ``Split.run("all")``, what playbooks/split.yml
 runs; ``promote``: ``promote.promote``, what playbooks/promote.yml runs) and its
-arguments. The process prints ``READY`` once its ZooKeeper session is up (the
-nemesis times its fault from there), then ``RESULT ok <summary>`` or ``RESULT error
-<type>: <message>`` (exit 3).
+arguments (``die_after``: the name of a ``Split`` method after which the process
+SIGKILLs itself, for a named schedule). The process prints ``READY`` once its
+ZooKeeper session is up (the nemesis times its fault from there), then ``RESULT ok
+<summary>`` or ``RESULT error <type>: <message>`` (exit 3).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
+
+
+def die_after(cls: type, name: str) -> None:
+    """SIGKILL this process right after ``cls.name`` returns the first time (a named
+    schedule: the instant a seed found, replayed exactly)."""
+    real = getattr(cls, name)
+
+    def dying(self: object, *a: object, **kw: object) -> object:
+        out = real(self, *a, **kw)
+        print(f"DYING after {name}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    setattr(cls, name, dying)
 
 
 def main() -> int:
@@ -28,6 +45,8 @@ def main() -> int:
     print("READY", time.monotonic(), flush=True)
     try:
         if spec["op"] == "split":
+            if spec.get("die_after"):
+                die_after(Split, spec["die_after"])
             creds = Credentials(*spec["creds"])
             with Split(store, SplitSpec(spec["source"], spec["target"], spec["standby"]),
                        creds, lock_timeout=float(spec.get("lock_timeout", 20.0))) as sp:
