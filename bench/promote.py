@@ -100,7 +100,9 @@ def main() -> int:
         w.stop()
         first = w.first_ack_after(t0)
         lost = len(missing_ids(standby.connect(), w.acked))
-        print(f"emergency: promote() {t_done - t0:.3f}s; start -> first acknowledged write "
+        print(f"emergency: promote() {t_done - t0:.3f}s (dead decided "
+              f"{res.timings.get('silence_checked', float('nan')):.3f}s, frozen "
+              f"{res.timings.get('frozen', float('nan')):.3f}s); start -> first acknowledged write "
               f"on the new master {(first or float('nan')) - t0:.3f}s (goal < 5 s); "
               f"{len(w.acked)} acked, {lost} lost")
         master.start()

@@ -3,7 +3,7 @@
 # Fast when everything is there: it only asks dpkg. Needs root (or sudo) otherwise.
 set -euo pipefail
 PKGS=(
-  mariadb-server mariadb-client   # integration tier: real MariaDB host processes
+  mariadb-server mariadb-client mariadb-backup   # integration tier: real MariaDB host processes (and physical copies)
   zookeeper                       # integration tier: a standalone ZooKeeper (no daemon)
   redis-server memcached          # cache tests
   podman runc debootstrap uidmap slirp4netns fuse-overlayfs  # container tiers

@@ -23,7 +23,7 @@ BUILDER="shardfleet-image-build-$$"
 
 # Packages every fleet role may need (kept in step with the roles' package lists).
 FLEET_PACKAGES=(
-  mariadb-server mariadb-client python3-pymysql   # roles/mysql
+  mariadb-server mariadb-client mariadb-backup python3-pymysql   # roles/mysql
   zookeeper python3-kazoo                         # roles/zookeeper (native unit, no zookeeperd)
   redis-server                                    # roles/redis
   memcached                                       # roles/memcached
@@ -35,9 +35,15 @@ FLEET_SERVICES=(mariadb.service redis-server.service memcached.service)
 MASKED_UNITS=(apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer
   man-db.timer dpkg-db-backup.timer systemd-tmpfiles-clean.timer)
 
+# The image records the package list it was built with: a changed list rebuilds it.
+PACKAGES_LABEL="$(printf '%s ' "${FLEET_PACKAGES[@]}" | sha256sum | cut -c1-16)"
 if [ "${FORCE:-0}" != 1 ] && podman image exists "$IMAGE"; then
-  echo "build-image: $IMAGE exists, skipping (FORCE=1 rebuilds)"
-  exit 0
+  have="$(podman image inspect --format '{{ index .Labels "org.shardfleet.packages" }}' "$IMAGE")"
+  if [ "$have" = "$PACKAGES_LABEL" ]; then
+    echo "build-image: $IMAGE exists, skipping (FORCE=1 rebuilds)"
+    exit 0
+  fi
+  echo "build-image: $IMAGE was built with another package list; rebuilding"
 fi
 [ "$(id -u)" -eq 0 ] || { echo "build-image: needs root (debootstrap, rootful podman)" >&2; exit 1; }
 for tool in debootstrap podman; do
@@ -89,5 +95,6 @@ podman commit -q \
   --change 'CMD ["/lib/systemd/systemd"]' \
   --change 'STOPSIGNAL SIGRTMIN+3' \
   --change 'LABEL org.shardfleet.image=base' \
+  --change "LABEL org.shardfleet.packages=$PACKAGES_LABEL" \
   "$BUILDER" "$IMAGE" >/dev/null
 echo "build-image: built $IMAGE in $(( $(date +%s) - start ))s ($(podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}'))"

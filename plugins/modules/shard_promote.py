@@ -104,6 +104,21 @@ options:
     description: Seconds the standby may take to apply the last transactions while writes wait.
     type: float
     default: 10
+  copy:
+    description:
+      - I(mode=rebuild) how the node gets the master's data.
+      - C(physical), what C(playbooks/rebuild-standby.yml) uses. The first call fences the
+        node and returns C(copy) (source and target); the caller runs M(shard_copy) on the
+        two nodes, then calls again with I(copy_position).
+      - C(logical), C(mariadb-dump) of every shard database through the control node
+        (tiny fleets; needs the mariadb client here).
+    type: str
+    choices: [logical, physical]
+    default: logical
+  copy_position:
+    description: I(mode=rebuild, copy=physical) the GTID position M(shard_copy) returned.
+    type: str
+    default: ''
   replication_user:
     description:
       - The pair's replication account (the C(mysql) role's C(mysql_replication_user)).
@@ -215,6 +230,11 @@ next_step:
   description: What to do next (for example the rebuild command).
   returned: always
   type: str
+copy:
+  description: I(mode=rebuild, copy=physical) the copy to make now, C(source) and C(target)
+    as C(host:port); empty when none is needed.
+  returned: always
+  type: dict
 resumed:
   description: True when the run finished a promotion an earlier run started.
   returned: always
@@ -245,7 +265,8 @@ def run(module):
                            catchup_timeout=p["catchup_timeout"],
                            drain_timeout=p["drain_timeout"], force=p["force"],
                            replication_user=p["replication_user"],
-                           replication_password=p["replication_password"])
+                           replication_password=p["replication_password"],
+                           copy=p["copy"], copy_position=p["copy_position"])
     store = zookeeper_store(module)
     with library_errors(module, f"promote {p['pair']}"):
         try:
@@ -285,6 +306,8 @@ def main():
         drain_timeout=dict(type="float", default=10),
         replication_user=dict(type="str", default="shardfleet_repl"),
         replication_password=dict(type="str", default="", no_log=True),
+        copy=dict(type="str", default="logical", choices=["logical", "physical"]),
+        copy_position=dict(type="str", default=""),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     require_library(module)

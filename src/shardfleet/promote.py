@@ -128,6 +128,12 @@ class Options:
     # shows a channel's password, so it cannot be copied from the other side
     replication_user: str = "shardfleet_repl"
     replication_password: str = ""
+    # rebuild: "logical" (mariadb-dump of the shards through the control node) or
+    # "physical" (shardfleet.physical: mariadb-backup streamed from the master's host to
+    # the node's; the playbook runs the copy between two calls of rebuild_standby, the
+    # second with the copy's GTID position)
+    copy: str = "logical"
+    copy_position: str = ""
 
 
 @dataclass
@@ -150,6 +156,7 @@ class Result:
     resumed: bool = False
     next_step: str = ""
     channel_removed: dict[str, Any] = field(default_factory=dict)
+    copy: dict[str, str] = field(default_factory=dict)  # a physical copy to run (rebuild)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -1386,15 +1393,23 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     res.old_master, res.new_master = node, ranges[0].master
     run = _Run(store, pair, res, check, name=f"rebuild-{pair}")
     run.nodes = nodes
+    if opts.copy not in ("logical", "physical"):
+        raise PromotionRefused(f"copy must be 'logical' or 'physical', not {opts.copy!r}")
     with _held(run, opts) as runner:
         rb = _Rebuild(run, node, ranges, opts)
         try:
             if rb.connect():
                 runner.run(rb.steps(), check=check)
                 rb.finish(cur.map)
+        except _CopyNeeded:
+            rb.copy_needed()
         finally:
             rb.close()
     return res
+
+
+class _CopyNeeded(Exception):
+    """The physical rebuild stops here: the node's copy is made outside the library."""
 
 
 class _Rebuild:
@@ -1439,7 +1454,10 @@ class _Rebuild:
         if self.mconn is None:
             raise PromotionRefused(f"the master {master} does not answer ({mwhy})")
         self.nch, self.mch = _channel(self.nconn), _channel(self.mconn)
-        if self.nch is None:
+        if self.nch is None and opts.copy == "physical" and opts.copy_position:
+            # its data directory was replaced by the copy: the channel goes with it
+            self.nch = self._node_channel()
+        elif self.nch is None:
             raise PromotionRefused(
                 f"{node} has no replication channel from its peer {master}: apply the "
                 "mysql role to it first (playbooks/rebuild-standby.yml does)")
@@ -1454,11 +1472,14 @@ class _Rebuild:
 
     def steps(self) -> list[Step]:
         node, master, row = self.node, self.master, self.run.row
+        physical = self.opts.copy == "physical"
         return [
-            row("fenced_and_cleared", self._copied, self._fence_and_clear,
+            row("fenced_and_cleared", self._fenced, self._fence_and_clear,
                 f"{node} read_only=ON, replication stopped (would)"),
-            row("copied", self._copied, self._copy,
-                f"copy {len(self.dbs)} shard databases {master} -> {node} (would)\n"
+            row("copied", self._copied, self._copy_physical if physical else self._copy,
+                (f"copy {master}'s data directory to {node} with mariadb-backup (would)"
+                 if physical else
+                 f"copy {len(self.dbs)} shard databases {master} -> {node} (would)") + "\n"
                 f"reset {node}'s binlog history to the copy's GTID (would)"),
             row("replicating", self._replicating, self._replicate,
                 "replicate both ways, clear the rebuild mark (would)"),
@@ -1469,6 +1490,12 @@ class _Rebuild:
     def _did(self, step: str) -> bool:
         """An earlier run of this same rebuild recorded *step* (its journal unfinished)."""
         return any(s.get("step") == step for s in self.resumed.get("steps", []))
+
+    def _fenced(self) -> bool:
+        """Copied already, or (physical) fenced by an earlier call: the node restarted on
+        its copy since, read-only as every node boots."""
+        return self._copied() or (self.opts.copy == "physical"
+                                  and self._did("fenced_and_cleared"))
 
     def _copied(self) -> bool:
         """The earlier run copied, and every shard database of the master is on the node
@@ -1498,13 +1525,16 @@ class _Rebuild:
 
     def _fence_and_clear(self) -> None:
         """The node read-only, both channels stopped, the node's shard databases dropped
-        (not binlogged)."""
+        (not binlogged; a physical copy replaces the whole data directory instead)."""
         replication.set_read_only(self.nconn, True)
         with self.nconn.cursor() as c:
             c.execute(_channel_sql("STOP", self.nch))
         if self.mch is not None:
             with self.mconn.cursor() as c:
                 c.execute(_channel_sql("STOP", self.mch))
+        if self.opts.copy == "physical":
+            self.run.step("fenced_and_cleared", databases=0)
+            return
         with self.nconn.cursor() as c:
             c.execute("SET SESSION sql_log_bin=0")
             for name in self._shard_dbs(self.nconn):
@@ -1526,6 +1556,54 @@ class _Rebuild:
             c.execute(_channel_sql("START", self.nch))
         self.res.gtid["copy"] = pos
         self.run.step("copied", position=pos)
+
+    def _copy_physical(self) -> None:
+        """Without the copy's position: stop here, the caller makes the copy (the result
+        says from where to where). With it: the node runs on the copy; its binlog history
+        set to the copy's GTID position, its channel from the master (re)created."""
+        pos = self.opts.copy_position
+        if not pos:
+            raise _CopyNeeded()
+        missing = sorted(set(self.dbs) - set(self._shard_dbs(self.nconn)))
+        if missing:
+            raise PromotionFailed(
+                f"{self.node} lacks {len(missing)} of the master's shard databases "
+                f"({', '.join(missing[:3])}...): it does not run on a copy of {self.master}. "
+                "Run playbooks/rebuild-standby.yml again (it makes the copy first)")
+        name = str((self.nch or {}).get("Connection_name") or "")
+        host, _, port = self.master.rpartition(":")
+        with self.nconn.cursor() as c:
+            c.execute("STOP ALL SLAVES")  # none, or the copy's leftovers
+            c.execute("RESET MASTER")
+            c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
+            c.execute("SET GLOBAL gtid_slave_pos = %s", (pos,))
+        replication.change_master(self.nconn, host.strip("[]"), int(port),
+                                  self.opts.replication_user, self.opts.replication_password,
+                                  name=name, connect_retry=int((self.nch or {}).get(
+                                      "Connect_Retry") or 10))
+        with self.nconn.cursor() as c:
+            c.execute(_channel_sql("START", self.nch))
+        self.res.gtid["copy"] = pos
+        self.run.step("copied", position=pos, copy="physical")
+
+    def _node_channel(self) -> dict[str, Any]:
+        """The node's channel from the master, to be created (a physical copy replaced the
+        data directory that held its configuration)."""
+        if not self.opts.replication_password:
+            raise PromotionRefused(
+                f"{self.node} runs on a copy and needs its channel from {self.master} "
+                "created: give the replication account's password (replication_password); "
+                "nothing changed")
+        return {"Connection_name": "", "Connect_Retry": 10}
+
+    def copy_needed(self) -> None:
+        """The physical copy the caller must make now (the journal stays unfinished: the
+        registry shows the rebuild in flight and refuses other operations on the pair)."""
+        self.res.changed = True
+        self.res.copy = {"source": self.master, "target": self.node}
+        self.res.next_step = (f"copy {self.master}'s data directory to {self.node} "
+                              "(shardfleet.physical; playbooks/rebuild-standby.yml runs it), "
+                              "then run the rebuild again with the copy's GTID position")
 
     def _replicate(self) -> None:
         """The master replicates from the node again (its channel recreated if an emergency

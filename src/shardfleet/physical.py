@@ -1,0 +1,336 @@
+"""Physical copies of a MariaDB node: ``mariadb-backup`` streamed from a source node
+straight to a target node, never through the control node.
+
+The source runs ``mariadb-backup --backup --stream=mbstream`` (backup locks: the server
+keeps serving) and sends the stream over one TCP connection; the target listens, lets
+in one sender that proves it holds the copy's secret, extracts the stream with
+``mbstream -x``, prepares it, and puts it in place of its data directory. The secret
+never crosses the wire: the receiver sends a random challenge and the sender answers
+with its HMAC-SHA256. The GTID position of the copy comes from the backup's own
+``xtrabackup_binlog_info``.
+
+Wire format after the handshake: frames of a 4-byte big-endian length and that many
+bytes; a zero length ends the stream. The receiver then answers ``OK <bytes>\\n`` once
+``mbstream`` extracted everything, or ``ERR <reason>\\n``: a sender that gets no
+``OK`` knows the copy did not land. Compression (zstd) is a flag in the handshake.
+
+Both ends are plain functions so that the integration tier runs them on host processes
+and the ``shard_copy`` module runs them on fleet nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from shardfleet.errors import ShardfleetError
+
+MAGIC = b"SFCOPY1\n"
+FRAME = 1 << 20          # bytes read from the backup per frame
+BINLOG_INFO = "xtrabackup_binlog_info"
+
+
+class CopyFailed(ShardfleetError):
+    """A physical copy did not complete; the target's data directory is untouched unless
+    the message says otherwise."""
+
+
+@dataclass
+class Sent:
+    bytes: int
+    seconds: float
+
+
+@dataclass
+class Received:
+    bytes: int
+    seconds: float
+    directory: str
+
+
+def new_secret() -> str:
+    """A one-shot secret for one copy (the playbook makes its own the same way)."""
+    return secrets.token_hex(24)
+
+
+def _proof(secret: str, challenge: bytes) -> bytes:
+    return hmac.new(secret.encode(), challenge, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise CopyFailed(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def _tool(name: str, *alternatives: str) -> str:
+    for n in (name, *alternatives):
+        path = shutil.which(n)
+        if path:
+            return path
+    raise CopyFailed(f"{name} is not installed here (apt-get install mariadb-backup"
+                     f"{' zstd' if name == 'zstd' else ''})")
+
+
+# -- the source ----------------------------------------------------------------------------
+
+def backup_argv(*, defaults_file: str, datadir: str | None = None, socket_path: str | None = None,
+                host: str | None = None, port: int | None = None, parallel: int = 4) -> list[str]:
+    """``mariadb-backup`` streaming a full backup to stdout (the password in
+    *defaults_file*, never on a command line)."""
+    argv = [_tool("mariadb-backup", "mariabackup"), f"--defaults-extra-file={defaults_file}",
+            "--backup", "--stream=mbstream", f"--parallel={max(1, parallel)}",
+            f"--target-dir={tempfile.gettempdir()}"]
+    if datadir:
+        argv.append(f"--datadir={datadir}")
+    if socket_path:
+        argv.append(f"--socket={socket_path}")
+    if host:
+        argv += [f"--host={host}", f"--port={port or 3306}"]
+    return argv
+
+
+def client_defaults(directory: str, user: str, password: str) -> str:
+    """A ``[client]`` option file (mode 0600) holding the credential, in *directory*."""
+    path = os.path.join(directory, "client.cnf")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"[client]\nuser={user}\npassword={password}\n")
+    return path
+
+
+def send(target: str, secret: str, argv: list[str], *, compress: bool = False,
+         connect_timeout: float = 60.0, reply_timeout: float = 3600.0) -> Sent:
+    """Run *argv* (a streaming backup) and send its output to the receiver at *target*
+    (``host:port``). The receiver may still be starting: connecting is retried until
+    *connect_timeout*. Returns once the receiver confirmed it extracted everything."""
+    host, _, port = target.rpartition(":")
+    t0 = time.monotonic()
+    sock = _connect_retrying(host.strip("[]"), int(port), connect_timeout)
+    with sock, tempfile.TemporaryFile() as err:
+        sock.settimeout(reply_timeout)
+        challenge = _recv_exact(sock, len(MAGIC) + 32)
+        if not challenge.startswith(MAGIC):
+            raise CopyFailed(f"{target} is not a shardfleet copy receiver")
+        sock.sendall(_proof(secret, challenge[len(MAGIC):]) + (b"z" if compress else b"-"))
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err,
+                                  stdin=subprocess.DEVNULL)]
+        if compress:
+            procs.append(subprocess.Popen([_tool("zstd"), "-q", "-1", "-T0", "-c"],
+                                          stdin=procs[0].stdout, stdout=subprocess.PIPE,
+                                          stderr=err))
+            procs[0].stdout.close()  # type: ignore[union-attr]
+        sent = 0
+        try:
+            sent = _pump_frames(procs[-1].stdout, sock)  # type: ignore[arg-type]
+        except OSError as exc:
+            for p in procs:
+                p.kill()
+            raise CopyFailed(f"sending to {target} failed after {sent} bytes: {exc}") from None
+        finally:
+            codes = [p.wait() for p in procs]
+        if any(codes):
+            sock.sendall(struct.pack(">I", 0xFFFFFFFF))  # abort: the receiver keeps nothing
+            err.seek(0)
+            raise CopyFailed(f"mariadb-backup failed (exit {codes}): "
+                             f"{err.read().decode(errors='replace')[-800:]}")
+        sock.sendall(struct.pack(">I", 0))
+        reply = _read_line(sock)
+        if not reply.startswith("OK "):
+            raise CopyFailed(f"{target} did not take the copy: {reply or 'no answer'}")
+        return Sent(bytes=sent, seconds=time.monotonic() - t0)
+
+
+def _connect_retrying(host: str, port: int, timeout: float) -> socket.socket:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=5)
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise CopyFailed(f"no copy receiver at {host}:{port} within {timeout:.0f}s "
+                                 f"({exc})") from None
+            time.sleep(0.2)
+
+
+def _pump_frames(src: IO[bytes], sock: socket.socket) -> int:
+    total = 0
+    while True:
+        chunk = src.read1(FRAME) if hasattr(src, "read1") else src.read(FRAME)
+        if not chunk:
+            return total
+        sock.sendall(struct.pack(">I", len(chunk)) + chunk)
+        total += len(chunk)
+
+
+def _read_line(sock: socket.socket) -> str:
+    buf = bytearray()
+    while not buf.endswith(b"\n") and len(buf) < 4096:
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()
+
+
+# -- the target ----------------------------------------------------------------------------
+
+class Receiver:
+    """A one-shot listener for one copy. Bind first (so the sender can be started with
+    the port), then :meth:`receive`."""
+
+    def __init__(self, secret: str, bind: str = "0.0.0.0", port: int = 0) -> None:
+        self.secret = secret
+        self.sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((bind, port))
+        self.sock.listen(4)
+        self.port = int(self.sock.getsockname()[1])
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def receive(self, directory: str, timeout: float = 3600.0) -> Received:
+        """Wait (up to *timeout*) for a sender holding the secret, extract its stream into
+        *directory* (created; must not exist). Senders that fail the challenge are dropped
+        and the wait goes on. The directory is removed when the copy does not complete."""
+        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CopyFailed(f"no sender with the copy's secret within {timeout:.0f}s")
+            self.sock.settimeout(left)
+            try:
+                conn, peer = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(min(left, 60.0))
+                challenge = secrets.token_bytes(32)
+                try:
+                    conn.sendall(MAGIC + challenge)
+                    answer = _recv_exact(conn, 33)
+                except (OSError, CopyFailed):
+                    continue
+                if not hmac.compare_digest(answer[:32], _proof(self.secret, challenge)):
+                    continue  # not the sender of this copy
+                conn.settimeout(max(left, 1.0))
+                n = self._extract(conn, directory, compressed=answer[32:] == b"z")
+                return Received(bytes=n, seconds=time.monotonic() - t0, directory=directory)
+
+    def _extract(self, conn: socket.socket, directory: str, compressed: bool) -> int:
+        Path(directory).mkdir(parents=True)
+        with tempfile.TemporaryFile() as err:
+            procs = []
+            if compressed:
+                procs.append(subprocess.Popen([_tool("zstd"), "-q", "-d", "-c"],
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=err))
+            procs.append(subprocess.Popen(
+                [_tool("mbstream"), "-x", "-C", directory],
+                stdin=procs[0].stdout if procs else subprocess.PIPE, stderr=err))
+            if compressed:
+                procs[0].stdout.close()  # type: ignore[union-attr]
+            sink = procs[0].stdin
+            assert sink is not None
+            total, ok, why = 0, False, ""
+            try:
+                while True:
+                    (n,) = struct.unpack(">I", _recv_exact(conn, 4))
+                    if n == 0:
+                        ok = True
+                        break
+                    if n == 0xFFFFFFFF:
+                        why = "the sender's backup failed"
+                        break
+                    sink.write(_recv_exact(conn, n))
+                    total += n
+            except (OSError, CopyFailed) as exc:
+                why = f"stream broken after {total} bytes: {exc}"
+            finally:
+                try:
+                    sink.close()
+                except OSError:
+                    pass
+                codes = [p.wait() for p in procs]
+            if ok and any(codes):
+                err.seek(0)
+                ok, why = False, (f"mbstream failed (exit {codes}): "
+                                  f"{err.read().decode(errors='replace')[-500:]}")
+            try:
+                conn.sendall((f"OK {total}\n" if ok else f"ERR {why}\n").encode())
+            except OSError:
+                pass
+            if not ok:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise CopyFailed(f"the copy did not arrive: {why}")
+            return total
+
+
+def prepare(directory: str, use_memory: str = "256M") -> None:
+    """``mariadb-backup --prepare``: the copy made consistent, ready to be a data directory."""
+    r = subprocess.run([_tool("mariadb-backup", "mariabackup"), "--prepare",
+                        f"--target-dir={directory}", f"--use-memory={use_memory}"],
+                       capture_output=True, text=True, check=False)
+    if r.returncode:
+        raise CopyFailed(f"preparing the copy in {directory} failed: {r.stderr[-800:]}")
+
+
+def position(directory: str) -> str:
+    """The copy's GTID position, from the backup's own binlog info (``file pos gtid``)."""
+    path = Path(directory) / BINLOG_INFO
+    try:
+        fields = path.read_text().split()
+    except OSError as exc:
+        raise CopyFailed(f"the copy has no {BINLOG_INFO}: {exc}") from None
+    return fields[2] if len(fields) >= 3 else ""
+
+
+def install(directory: str, datadir: str, *, stop: Callable[[], Any],
+            start: Callable[[], Any], owner: str | None = None) -> None:
+    """Replace the contents of *datadir* by the prepared copy in *directory*: *stop* the
+    server, move the old contents aside (``<datadir>.replaced``, removed once the server
+    started on the copy; deleted at once when that would be another filesystem, e.g. a
+    data directory that is a mount point), move the copy in (a rename when *directory* is
+    on the same filesystem), give it to *owner*, *start* the server."""
+    data, new = Path(datadir), Path(directory)
+    old = data.with_name(data.name + ".replaced")
+    stop()
+    if old.exists():
+        shutil.rmtree(old)
+    aside = data.parent.stat().st_dev == data.stat().st_dev
+    if aside:
+        old.mkdir()
+    for entry in list(data.iterdir()):
+        if aside:
+            entry.rename(old / entry.name)
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    for entry in list(new.iterdir()):
+        shutil.move(str(entry), str(data / entry.name))
+    new.rmdir()
+    if owner:
+        for root, dirs, files in os.walk(data):
+            for n in dirs + files:
+                shutil.chown(os.path.join(root, n), owner, owner)
+    start()
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,162 @@
+"""Physical copies (shardfleet.physical) and the rebuild of a standby by one: the master's
+data directory streamed by mariadb-backup straight to the node (host processes here; the
+``shard_copy`` module does the same between fleet hosts), prepared, put in place, and the
+node re-attached, under a writer.
+
+Its own pair (the fixtures of test_promote.py); every test leaves it whole.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardfleet import ops, physical, promote, replication
+from shardfleet.physical import CopyFailed
+from shardfleet.testing import MariaDBServer
+
+from . import test_promote as tp
+from .test_promote import PAIR, SHARDS, nodes, opts, roles, wait_applied
+from .test_promote_faults import both_ways, ropts
+
+pair, zk_store, writer_store = tp.pair, tp.zk_store, tp.writer_store
+
+pytestmark = pytest.mark.skipif(shutil.which("mariadb-backup") is None,
+                                reason="mariadb-backup is not installed (make host-deps)")
+
+
+def backup_of(server: MariaDBServer, workdir: str, password: str | None = None) -> list[str]:
+    cnf = physical.client_defaults(workdir, "root",
+                                   MariaDBServer.root_password if password is None else password)
+    return physical.backup_argv(defaults_file=cnf, datadir=str(server.datadir),
+                                socket_path=str(server.socket), parallel=2)
+
+
+def stream(server: MariaDBServer, dest: str, *, secret: str = "s3cret",
+           sender_secret: str | None = None, password: str | None = None,
+           compress: bool = False, wait: float = 60) -> tuple[physical.Sent | None, Any]:
+    """Send a backup of *server* to a receiver extracting into *dest*: (what the sender
+    reports or None, what the receiver returned or the exception it raised)."""
+    rx = physical.Receiver(secret, bind="127.0.0.1")
+    got: dict[str, Any] = {}
+
+    def receive() -> None:
+        try:
+            got["r"] = rx.receive(dest, timeout=wait)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            got["r"] = exc
+
+    t = threading.Thread(target=receive)
+    t.start()
+    sent = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            sent = physical.send(f"127.0.0.1:{rx.port}", sender_secret or secret,
+                                 backup_of(server, tmp, password), compress=compress,
+                                 connect_timeout=10, reply_timeout=60)
+    except CopyFailed as exc:
+        got["sent_error"] = exc
+    finally:
+        t.join(wait + 30)
+        rx.close()
+    if "sent_error" in got:
+        assert sent is None
+    return sent, got.get("r")
+
+
+def checksums(server: MariaDBServer) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for shard in SHARDS:
+        for table, value in server.sql(f"CHECKSUM TABLE db{shard:05d}.pins"):
+            out[table] = int(value or 0)
+    return out
+
+
+def test_a_sender_without_the_secret_is_refused_and_nothing_is_written(pair, tmp_path):
+    master, _ = roles(pair)
+    dest = tmp_path / "copy"
+    sent, got = stream(master, str(dest), sender_secret="not-the-secret", wait=5)
+    assert sent is None and isinstance(got, CopyFailed), (sent, got)
+    assert "no sender with the copy's secret" in str(got), got
+    assert not dest.exists(), "a refused sender's bytes were extracted"
+
+
+def test_a_failed_backup_leaves_no_copy(pair, tmp_path):
+    master, _ = roles(pair)
+    dest = tmp_path / "copy"
+    sent, got = stream(master, str(dest), password="wrong-password")
+    assert sent is None and isinstance(got, CopyFailed), (sent, got)
+    assert "mariadb-backup failed" in str(got) or "did not" in str(got), got
+    assert not dest.exists(), "a failed backup left a directory that looks like a copy"
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_streamed_copy_prepares_and_carries_its_gtid_position(pair, tmp_path, compress):
+    master, _ = roles(pair)
+    dest = tmp_path / "copy"
+    sent, got = stream(master, str(dest), compress=compress)
+    assert sent is not None and isinstance(got, physical.Received), got
+    assert got.bytes == sent.bytes > 0
+    physical.prepare(str(dest))
+    pos = physical.position(str(dest))
+    assert replication.gtid_covers(master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0], pos)
+    assert all((dest / f"db{s:05d}").is_dir() for s in SHARDS)
+
+
+def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, writer_store):
+    master, standby = roles(pair)
+    w = tp.Writer(writer_store, max_seconds=120).start()
+    try:
+        assert w.wait_acks(100), f"writer made no progress: {w.errors[-3:]}"
+        master.kill()
+        res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+        assert res.changed and res.new_master == standby.address
+        master.start()
+        old, new = master, standby
+        o = ropts(copy="physical")
+        # 1: fenced; the library says which copy to make, the rebuild stays in flight
+        first = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
+        assert first.copy == {"source": new.address, "target": old.address}, first.to_dict()
+        assert "copy" in first.next_step
+        assert [j.name for j in ops.in_flight(zk_store)] == [f"rebuild-{PAIR}"]
+        assert zk_store.read().map.ranges[0].extra.get("rebuild") == old.address
+        # 2: the copy, new -> old, while the writer writes to new
+        n_before = len(w.acked)
+        incoming = str(Path(str(old.datadir) + ".incoming"))
+        sent, got = stream(new, incoming)
+        assert sent is not None and isinstance(got, physical.Received), got
+        physical.prepare(incoming)
+        pos = physical.position(incoming)
+        physical.install(incoming, str(old.datadir), stop=old.stop, start=old.start)
+        assert not Path(incoming).exists()
+        # 3: the same rebuild, with the copy's position, finishes it
+        rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair),
+                                     opts=ropts(copy="physical", copy_position=pos))
+        assert rr.changed and not rr.warnings and not rr.copy, rr.to_dict()
+        assert rr.gtid["copy"] == pos
+        assert w.wait_acks(50), f"writer stopped: {w.errors[-3:]}"
+        assert len(w.acked) > n_before
+    finally:
+        w.stop()
+    m = zk_store.read().map
+    assert all(r.master == new.address and r.standby == old.address
+               and "rebuild" not in r.extra for r in m.ranges), m.dumps()
+    assert ops.in_flight(zk_store) == []
+    wait_applied(old, new)
+    conn = old.connect()
+    try:
+        assert tp.missing_ids(conn, w.acked) == [], "the rebuilt standby lacks acknowledged writes"
+    finally:
+        conn.close()
+    assert checksums(old) == checksums(new)
+    both_ways(old, new)
+    for s in (old, new):
+        assert tp.channel(s)["Slave_heartbeat_period"] == replication.HEARTBEAT_PERIOD
+    # a rerun changes nothing
+    assert promote.rebuild_standby(zk_store, PAIR, nodes(pair),
+                                   opts=ropts(copy="physical")).changed is False
