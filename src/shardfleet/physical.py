@@ -306,31 +306,59 @@ def position(directory: str) -> str:
 def install(directory: str, datadir: str, *, stop: Callable[[], Any],
             start: Callable[[], Any], owner: str | None = None) -> None:
     """Replace the contents of *datadir* by the prepared copy in *directory*: *stop* the
-    server, move the old contents aside (``<datadir>.replaced``, removed once the server
-    started on the copy; deleted at once when that would be another filesystem, e.g. a
-    data directory that is a mount point), move the copy in (a rename when *directory* is
-    on the same filesystem), give it to *owner*, *start* the server."""
+    server, move the old contents aside (``<datadir>.replaced``), move the copy in, give
+    it to *owner*, *start* the server, then remove the old contents.
+
+    When anything fails before the server runs on the copy, the old contents go back and
+    the server is started on them (the node answers, and a rerun makes a new copy); the
+    copy is removed. A data directory on a filesystem of its own (a mount point) cannot
+    keep its old contents aside: they are deleted first, and a failure leaves it empty."""
     data, new = Path(datadir), Path(directory)
     old = data.with_name(data.name + ".replaced")
-    stop()
     if old.exists():
         shutil.rmtree(old)
     aside = data.parent.stat().st_dev == data.stat().st_dev
-    if aside:
-        old.mkdir()
-    for entry in list(data.iterdir()):
+    stop()
+    try:
         if aside:
-            entry.rename(old / entry.name)
-        elif entry.is_dir() and not entry.is_symlink():
+            old.mkdir()
+        for entry in list(data.iterdir()):
+            if aside:
+                shutil.move(str(entry), str(old / entry.name))
+            elif entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        for entry in list(new.iterdir()):
+            shutil.move(str(entry), str(data / entry.name))
+        if owner:
+            for root, dirs, files in os.walk(data):
+                for n in dirs + files:
+                    shutil.chown(os.path.join(root, n), owner, owner)
+        start()
+    except BaseException as exc:
+        if not aside:
+            raise CopyFailed(f"installing the copy into {datadir} failed ({exc}); its old "
+                             "contents were deleted (a mount point): rerun the copy") from exc
+        _restore(data, old, stop, start)
+        raise CopyFailed(f"installing the copy into {datadir} failed ({exc}); the old "
+                         "contents are back and the server was started on them") from exc
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore(data: Path, old: Path, stop: Callable[[], Any], start: Callable[[], Any]) -> None:
+    try:
+        stop()
+    except Exception:  # noqa: BLE001 - it may not have started
+        pass
+    for entry in list(data.iterdir()):  # what arrived of the copy
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    for entry in list(new.iterdir()):
+    for entry in list(old.iterdir()):
         shutil.move(str(entry), str(data / entry.name))
-    new.rmdir()
-    if owner:
-        for root, dirs, files in os.walk(data):
-            for n in dirs + files:
-                shutil.chown(os.path.join(root, n), owner, owner)
+    old.rmdir()
     start()
-    shutil.rmtree(old, ignore_errors=True)

@@ -160,3 +160,36 @@ def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, write
     # a rerun changes nothing
     assert promote.rebuild_standby(zk_store, PAIR, nodes(pair),
                                    opts=ropts(copy="physical")).changed is False
+
+
+def test_a_copy_the_server_cannot_start_on_puts_the_old_data_back(pair, tmp_path):
+    master, standby = roles(pair)
+    conn = standby.connect()
+    with conn.cursor() as c:  # a marker only the standby's own data directory has
+        c.execute("SET SESSION sql_log_bin=0")
+        c.execute("CREATE DATABASE IF NOT EXISTS sf_marker")
+    conn.close()
+    incoming = str(tmp_path / "copy")
+    sent, got = stream(master, incoming)
+    assert isinstance(got, physical.Received), got
+    physical.prepare(incoming)
+    starts: list[str] = []
+
+    def start() -> None:
+        starts.append("start")
+        if len(starts) == 1:
+            raise OSError("the server did not start on the copy")
+        standby.start()
+
+    with pytest.raises(CopyFailed, match="old contents are back"):
+        physical.install(incoming, str(standby.datadir), stop=standby.stop, start=start)
+    assert starts == ["start", "start"] and standby.running
+    assert standby.sql("SHOW DATABASES LIKE 'sf_marker'"), "the old data did not come back"
+    assert not Path(incoming).exists()
+    assert not Path(str(standby.datadir) + ".replaced").exists()
+    conn = standby.connect()
+    with conn.cursor() as c:
+        c.execute("SET SESSION sql_log_bin=0")
+        c.execute("DROP DATABASE sf_marker")
+    conn.close()
+    both_ways(master, standby)  # these servers start their replication at boot
