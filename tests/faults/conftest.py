@@ -6,6 +6,7 @@ a target pair (the kit's :class:`SplitFleet`); a promotion pair with semi-sync o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,8 +48,18 @@ class Servers:
     def __init__(self, base: Path, start: Callable[[Path], list[MariaDBServer]],
                  healthy: Callable[[list[MariaDBServer]], list[str]]) -> None:
         self.base, self.start, self.healthy = base, start, healthy
-        self.servers: list[MariaDBServer] = start(base)
         self.replaced = 0
+        self.servers: list[MariaDBServer] = self._start(base)
+
+    def _start(self, base: Path) -> list[MariaDBServer]:
+        """Start the servers; once more after a failure (on a machine shared with other
+        fleets mariadb-install-db or a first start sometimes fails)."""
+        try:
+            return self.start(base)
+        except Exception:  # noqa: BLE001 - the second failure is raised
+            log.warning("starting servers failed; trying once more", exc_info=True)
+            time.sleep(2)
+            return self.start(base / "again")
 
     def heal(self) -> tuple[MariaDBServer, ...]:
         problems = self.healthy(self.servers)
@@ -56,7 +67,7 @@ class Servers:
             log.warning("replacing the servers an earlier run left broken: %s", problems)
             self.stop()
             self.replaced += 1
-            self.servers = self.start(self.base / f"fresh{self.replaced}")
+            self.servers = self._start(self.base / f"fresh{self.replaced}")
         return tuple(self.servers)
 
     def stop(self) -> None:

@@ -70,7 +70,7 @@ from .conftest import PROMOTE_SHARDS
 
 OP_SCRIPT = Path(__file__).with_name("op.py")
 FAULTS = ("kill", "lost_reply", "second_op")
-DEFAULT_RUNS = 9
+DEFAULT_RUNS = 30
 SEEDS = campaign_seeds(DEFAULT_RUNS)
 # The window the fault's instant is drawn from (seconds after the operation's process is
 # ready): a little longer than the operation on a quiet 2-core machine, so most draws land
@@ -105,7 +105,8 @@ class Run:
         """The fault's parameters, drawn in a fixed order (a replay draws the same)."""
         return {"fault": self.fault, "at": round(self.rng.uniform(0.0, window), 3),
                 "min_bytes": self.rng.choice((48, 96, 200, 400)),
-                "apply_wait": self.rng.choice((0.05, 0.3))}
+                "apply_wait": self.rng.choice((0.05, 0.3)),
+                "lock_timeout": self.rng.choice((0.5, 5.0))}
 
     def fail_if_problems(self, log: WriterLog | None, servers: dict[str, Any],
                          op_log: Path | None) -> None:
@@ -178,10 +179,10 @@ def split_fleet(split_servers, zookeeper):
     fleet.close()
 
 
-def second_split(fleet: SplitFleet) -> tuple[str, bool]:
-    """The same split started again (lock timeout 5 s): refused or continuing the first."""
+def second_split(fleet: SplitFleet, lock_timeout: float) -> tuple[str, bool]:
+    """The same split started again: refused or continuing the first."""
     try:
-        with fleet.split(lock_timeout=5.0) as sp:
+        with fleet.split(lock_timeout=lock_timeout) as sp:
             res = sp.run("all")
         return "ran: " + ", ".join(f"{r.step}{'*' if r.changed else ''}" for r in res), True
     except (LockBusy, OperationInFlight) as exc:
@@ -245,7 +246,8 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
                 "lock_timeout": 20.0, "die_after": plan.get("call")}
         proc = OpProcess(OP_SCRIPT, spec, op_log)
         run.schedule.note("split started")
-        inject(run, proc, plan, proxy=proxy, second=lambda: second_split(fleet))
+        inject(run, proc, plan, proxy=proxy,
+               second=lambda: second_split(fleet, plan.get("lock_timeout", 5.0)))
         end_operation(run, proc, proxy)
         if recover_split(run, fleet) and not writer.wait_acks(20, 30):
             run.problems.append(f"writes did not resume after the recovery: "
@@ -341,11 +343,12 @@ def promote_store(promote_pair, zookeeper):
     store.close()
 
 
-def second_promotion(store: ZooKeeperMapStore, nodes: list[str], old: str) -> tuple[str, bool]:
+def second_promotion(store: ZooKeeperMapStore, nodes: list[str], old: str,
+                     lock_timeout: float) -> tuple[str, bool]:
     """The same promotion command started again: refused, or finishing the same one."""
     try:
         r = promote.promote(store, PAIR, nodes, mode="planned", expect_master=old,
-                            opts=promote_opts())
+                            opts=promote_opts(lock_timeout=lock_timeout))
         return f"ran: changed={r.changed} resumed={r.resumed} {r.steps}", True
     except PromotionRefused as exc:
         return f"refused: {' '.join(str(exc).split())}", True
@@ -416,7 +419,8 @@ def test_planned_promotion_under_a_fault(seed, promote_pair, promote_store, zook
         proc = OpProcess(OP_SCRIPT, spec, op_log)
         run.schedule.note("promotion started")
         inject(run, proc, plan, proxy=proxy,
-               second=lambda: second_promotion(promote_store, nodes, master.address))
+               second=lambda: second_promotion(promote_store, nodes, master.address,
+                                                plan["lock_timeout"]))
         end_operation(run, proc, proxy)
         if recover_promotion(run, promote_store, nodes, master.address) \
                 and not writer.wait_acks(20, 30):
