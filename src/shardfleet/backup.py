@@ -1,0 +1,823 @@
+"""Backups of a pair's standby to S3, and restores from them.
+
+A backup is ``mariadb-backup --backup --stream=mbstream`` (backup locks: the node keeps
+serving and replicating) read by this process, optionally compressed with zstd, and
+uploaded as one object with S3 multipart upload (server-side encryption ``AES256``);
+nothing of it is written to the node's disk. Layout in the bucket::
+
+    <prefix>/<cluster>/<pair>/<backup-id>/backup.mbstream[.zst]
+    <prefix>/<cluster>/<pair>/<backup-id>/manifest.json      <- written LAST
+
+The manifest is what makes a backup exist: :func:`list_backups` shows only prefixes that
+have one, and it is written only after the object's upload completed. A backup that
+fails, or is killed, aborts its multipart upload (killed: the upload stays pending and
+:func:`retention` aborts it later); either way nothing looks complete.
+
+The manifest records the backup's GTID position (read from the stream's own
+``xtrabackup_binlog_info`` by a small mbstream parser the bytes pass through, no second
+copy), the object's byte count and sha256, and per-shard checksums.
+
+Checksums at the backup's position: ``mariadb-backup`` holds ``BACKUP STAGE
+BLOCK_COMMIT`` while it copies the non-InnoDB files and writes the binlog info, so the
+node commits nothing in that window. When the parser sees the first non-InnoDB file in
+the stream, a side connection opens ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` and
+reads the snapshot's binlog coordinates. When they equal the backup's own (the snapshot
+was taken inside the window), ``CHECKSUM TABLE`` of every shard table runs in that
+snapshot (InnoDB's consistent read) after the stream ended, while replication goes on;
+replication is never stopped by the backup. When they differ (the window was missed)
+the manifest says so (``checksums_at_position: false``, the reason in
+``checksums_note``) and records no checksums: a restore then cannot verify rows, and
+says it.
+
+A restore downloads the object as a stream into ``mbstream -x`` in a scratch directory
+next to the data directory, hashing the bytes as they pass; the target's data directory
+is touched only after the sha256 equals the manifest's. It then prepares the copy,
+installs it (:func:`shardfleet.physical.install`, which puts the old contents back when
+the server does not start on the copy), leaves the node read-only with no replication
+channel and its ``gtid_slave_pos`` at the backup's position, and compares every shard
+table's checksum with the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import re
+import secrets
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+
+from shardfleet import physical
+from shardfleet.errors import ShardfleetError
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+DEFAULT_PART_SIZE = 64 * MiB
+MIN_PART_SIZE = 5 * MiB          # S3's smallest part (but the last)
+MANIFEST = "manifest.json"
+FORMAT = 1
+SSE = "AES256"
+READ = 1 * MiB                   # bytes read from a pipe at a time
+SHARD_DB = re.compile(r"^db\d{5}$")
+BACKUP_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+# Files mariadb-backup 10.11 copies only under BACKUP STAGE BLOCK_COMMIT (the log and
+# statistics tables, the Aria log, the binlog info): the first of them in the stream says
+# the node commits nothing until the backup ends (measured: about a second on a small
+# server, more with more files; the binlog info alone comes milliseconds before the end).
+_LOCKED_FILE = re.compile(r"^(mysql/(general_log|slow_log)\.CS[MV]|mysql/(column_stats|"
+                          r"index_stats|table_stats)\.MA[DI]|aria_log\.\d+|"
+                          r"xtrabackup_binlog_info)$")
+
+
+class BackupFailed(ShardfleetError):
+    """Raised by :func:`backup` when no backup was made: nothing looks complete in S3
+    (the multipart upload was aborted, no manifest was written)."""
+
+
+class BackupRefused(BackupFailed):
+    """Raised by :func:`backup` before anything starts: the node is writable (a master)
+    and ``allow_master`` was not given."""
+
+
+class RestoreFailed(ShardfleetError):
+    """Raised by :func:`restore`; the message says whether the target was touched."""
+
+
+class RestoreRefused(RestoreFailed):
+    """Raised by :func:`restore` before the target's data directory is touched: no such
+    backup, a corrupted object (sha256 differs from the manifest), a stream that does
+    not extract or prepare. The target is unchanged."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a pair's backups live: ``s3://bucket/<prefix>/<cluster>/<pair>/``."""
+
+    bucket: str
+    cluster: str
+    pair: str
+    prefix: str = "shardfleet"
+
+    def __post_init__(self) -> None:
+        for name in ("cluster", "pair"):
+            v = getattr(self, name)
+            if not v or "/" in v:
+                raise ShardfleetError(f"backup location: {name} {v!r} must be a non-empty "
+                                      "name without '/'")
+
+    @property
+    def root(self) -> str:
+        return "/".join(p for p in (self.prefix.strip("/"), self.cluster, self.pair) if p) + "/"
+
+    def key(self, backup_id: str, name: str = "") -> str:
+        return f"{self.root}{backup_id}/{name}"
+
+
+@dataclass
+class Progress:
+    """What :func:`backup` passes its *progress* callback after each uploaded part."""
+
+    stream_bytes: int = 0        # bytes mariadb-backup produced
+    object_bytes: int = 0        # bytes uploaded (compressed when compressing)
+    parts: int = 0
+    pids: list[int] = field(default_factory=list)   # the backup's processes
+
+
+@dataclass
+class Restored:
+    backup_id: str
+    position: str
+    bytes: int
+    seconds: float
+    checksums_verified: int      # tables whose checksum matched the manifest
+    note: str = ""
+
+
+def new_backup_id(now: datetime | None = None) -> str:
+    """Sortable by time: ``20261201T060000Z-a1b2c3``."""
+    t = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return f"{t}-{secrets.token_hex(3)}"
+
+
+# -- the mbstream parser -------------------------------------------------------------------
+
+class StreamWatcher:
+    """Walks an mbstream (``XBSTCK01`` chunks) as its bytes pass, without copying them:
+    keeps the payload of the small files named in *capture* and calls *on_locked* once,
+    at the first file copied under the backup's commit lock (``_LOCKED_FILE``).
+
+    Chunk: magic(8) flags(1) type(1) path_len(4 LE) path [payload_len(8 LE)
+    offset(8 LE) checksum(4) payload]; type ``E`` (end of a file) has no payload part.
+    A chunk it does not understand stops the parsing (``broken`` says why); the stream
+    itself goes on untouched."""
+
+    MAGIC = b"XBSTCK01"
+
+    def __init__(self, capture: tuple[str, ...] = (physical.BINLOG_INFO,),
+                 on_locked: Callable[[str], None] | None = None) -> None:
+        self.capture = {name: bytearray() for name in capture}
+        self.on_locked = on_locked
+        self.locked_at: str | None = None
+        self.files = 0
+        self.broken = ""
+        self._buf = bytearray()      # an incomplete header
+        self._skip = 0               # payload bytes still to pass
+        self._sink: bytearray | None = None
+        self._last = ""
+
+    def feed(self, data: bytes | memoryview) -> None:
+        if self.broken:
+            return
+        mv = memoryview(data)
+        i, n = 0, len(mv)
+        while i < n:
+            if self._skip:
+                take = min(self._skip, n - i)
+                if self._sink is not None:
+                    self._sink += mv[i:i + take]
+                self._skip -= take
+                i += take
+                continue
+            need = 14 - len(self._buf)
+            if need > 0:
+                take = min(need, n - i)
+                self._buf += mv[i:i + take]
+                i += take
+                if len(self._buf) < 14:
+                    return
+            if self._buf[:8] != self.MAGIC:
+                self.broken = f"no chunk magic after file {self._last!r}"
+                return
+            ctype = self._buf[9:10]
+            (plen,) = struct.unpack_from("<I", self._buf, 10)
+            full = 14 + plen + (0 if ctype == b"E" else 20)
+            if ctype not in (b"P", b"E"):
+                self.broken = f"chunk type {ctype!r} not understood"
+                return
+            take = min(full - len(self._buf), n - i)
+            self._buf += mv[i:i + take]
+            i += take
+            if len(self._buf) < full:
+                return
+            path = bytes(self._buf[14:14 + plen]).decode(errors="replace")
+            if ctype == b"E":
+                self._buf.clear()
+                continue
+            (size,) = struct.unpack_from("<Q", self._buf, 14 + plen)
+            self._buf.clear()
+            if path != self._last:
+                self._last = path
+                self.files += 1
+                if self.locked_at is None and _LOCKED_FILE.match(path):
+                    self.locked_at = path
+                    if self.on_locked:
+                        self.on_locked(path)
+            self._sink = self.capture.get(path)
+            self._skip = size
+
+    def text(self, name: str) -> str:
+        return bytes(self.capture.get(name, b"")).decode(errors="replace")
+
+
+def binlog_info(text: str) -> tuple[str, int, str]:
+    """``xtrabackup_binlog_info``: (file, position, gtid); the gtid may be empty."""
+    fields = text.split()
+    if len(fields) < 2:
+        raise BackupFailed(f"the backup's {physical.BINLOG_INFO} is missing or empty "
+                           f"({text!r}): is the node's binary log on?")
+    return fields[0], int(fields[1]), fields[2] if len(fields) > 2 else ""
+
+
+# -- checksums ----------------------------------------------------------------------------
+
+def shard_tables(conn: Any) -> dict[str, list[str]]:
+    """Every shard database (``dbNNNNN``) and its base tables, from the server's catalog."""
+    with conn.cursor() as c:
+        c.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                  "WHERE TABLE_SCHEMA LIKE 'db%%' AND TABLE_TYPE = 'BASE TABLE' "
+                  "ORDER BY TABLE_SCHEMA, TABLE_NAME")
+        rows = c.fetchall()
+        c.execute("SHOW DATABASES LIKE 'db%%'")
+        dbs = [r[0] for r in c.fetchall()]
+    out: dict[str, list[str]] = {d: [] for d in dbs if SHARD_DB.match(d)}
+    for db, table in rows:
+        if db in out and re.match(r"^\w+$", table):
+            out[db].append(table)
+    return out
+
+
+def checksum_tables(conn: Any, tables: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """``CHECKSUM TABLE`` of every table, per database (one statement per database).
+    Names come from the server's catalog and match ``dbNNNNN`` / ``\\w+`` only."""
+    out: dict[str, dict[str, int]] = {}
+    with conn.cursor() as c:
+        for db, names in tables.items():
+            out[db] = {}
+            if not names:
+                continue
+            c.execute("CHECKSUM TABLE " + ", ".join(f"`{db}`.`{t}`" for t in names))
+            for full, value in c.fetchall():
+                out[db][full.split(".", 1)[1]] = int(value or 0)
+    return out
+
+
+class _Snapshot:
+    """A side connection that opens a consistent snapshot when told to (from the
+    stream's thread) and remembers the snapshot's binlog coordinates."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.coords: tuple[str, int] | None = None
+        self.error = ""
+        self.at_file = ""
+
+    def open(self, path: str) -> None:
+        self.at_file = path
+        try:
+            with self.conn.cursor() as c:
+                c.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                c.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                c.execute("SHOW STATUS LIKE 'binlog_snapshot_%%'")
+                st = {k: v for k, v in c.fetchall()}
+            self.coords = (st["Binlog_snapshot_file"], int(st["Binlog_snapshot_position"]))
+        except Exception as exc:  # noqa: BLE001 - recorded, the backup goes on
+            self.error = f"snapshot failed: {exc}"
+
+
+# -- S3 -------------------------------------------------------------------------------------
+
+class _Upload:
+    """One multipart upload fed part by part from a bounded queue by its own thread (the
+    stream keeps flowing while a part is in flight). ``abort()`` on any failure."""
+
+    def __init__(self, s3: Any, bucket: str, key: str, depth: int = 2) -> None:
+        self.s3, self.bucket, self.key = s3, bucket, key
+        self.upload_id = s3.create_multipart_upload(
+            Bucket=bucket, Key=key, ServerSideEncryption=SSE,
+            ContentType="application/octet-stream")["UploadId"]
+        self.parts: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self._t = threading.Thread(target=self._run, name="s3-upload", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        n = 0
+        while True:
+            body = self._q.get()
+            if body is None:
+                return
+            if self.error is not None:
+                continue  # drain
+            n += 1
+            try:
+                r = self.s3.upload_part(Bucket=self.bucket, Key=self.key, PartNumber=n,
+                                        UploadId=self.upload_id, Body=body)
+                self.parts.append({"PartNumber": n, "ETag": r["ETag"]})
+            except BaseException as exc:  # noqa: BLE001 - handed to put()/finish()
+                self.error = exc
+
+    def put(self, body: bytes) -> None:
+        if self.error is not None:
+            raise BackupFailed(f"uploading s3://{self.bucket}/{self.key} failed: "
+                               f"{self.error}") from self.error
+        self._q.put(body)
+
+    def finish(self) -> None:
+        self._q.put(None)
+        self._t.join()
+        if self.error is not None:
+            raise BackupFailed(f"uploading s3://{self.bucket}/{self.key} failed: "
+                               f"{self.error}") from self.error
+        self.s3.complete_multipart_upload(Bucket=self.bucket, Key=self.key,
+                                          UploadId=self.upload_id,
+                                          MultipartUpload={"Parts": self.parts})
+
+    def abort(self) -> None:
+        try:
+            self._q.put_nowait(None)
+        except queue.Full:
+            pass
+        self.error = self.error or BackupFailed("aborted")
+        self._t.join(60)
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=self.key,
+                                           UploadId=self.upload_id)
+        except Exception as exc:  # noqa: BLE001 - retention aborts it later
+            log.warning("could not abort the upload of %s: %s", self.key, exc)
+
+
+def read_manifest(s3: Any, loc: Location, backup_id: str) -> dict[str, Any]:
+    """The manifest of *backup_id*; :class:`RestoreRefused` when there is none."""
+    try:
+        body = s3.get_object(Bucket=loc.bucket, Key=loc.key(backup_id, MANIFEST))["Body"]
+        return dict(json.loads(body.read()))
+    except Exception as exc:  # noqa: BLE001 - botocore's NoSuchKey and friends
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404"):
+            raise RestoreRefused(f"no complete backup {backup_id} under "
+                                 f"s3://{loc.bucket}/{loc.root} (no manifest)") from None
+        raise
+
+
+def _prefixes(s3: Any, loc: Location) -> list[str]:
+    out: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=loc.bucket, Prefix=loc.root, Delimiter="/"):
+        out += [p["Prefix"][len(loc.root):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+    return sorted(out)
+
+
+def _objects(s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        out += page.get("Contents", [])
+    return out
+
+
+def list_backups(s3: Any, loc: Location) -> list[dict[str, Any]]:
+    """The pair's complete backups (those with a manifest), oldest first: each manifest."""
+    out = []
+    for bid in _prefixes(s3, loc):
+        keys = {o["Key"] for o in _objects(s3, loc.bucket, loc.key(bid))}
+        if loc.key(bid, MANIFEST) in keys:
+            out.append(read_manifest(s3, loc, bid))
+    return out
+
+
+# -- backup ---------------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def backup(s3: Any, loc: Location, argv: list[str], *, connect: Callable[[], Any],
+           node: str, compress: bool = False, part_size: int = DEFAULT_PART_SIZE,
+           allow_master: bool = False, checksums: bool = True,
+           backup_id: str | None = None,
+           progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Back up the node *argv* (:func:`shardfleet.physical.backup_argv`) reads into S3 at
+    *loc*; returns the manifest. *connect* gives an admin connection to the same node
+    (the read_only check, the snapshot, the checksums). Refuses a writable node unless
+    *allow_master*. Raises :class:`BackupFailed` with nothing complete left in S3."""
+    if part_size < MIN_PART_SIZE:
+        raise BackupFailed(f"part_size {part_size} is below S3's minimum of {MIN_PART_SIZE}")
+    conn = connect()
+    try:
+        with conn.cursor() as c:
+            c.execute("SELECT @@GLOBAL.read_only, @@GLOBAL.log_bin, VERSION()")
+            ro, log_bin, version = c.fetchone()
+        if not ro and not allow_master:
+            raise BackupRefused(f"{node} is writable (read_only=OFF): it is a master. Back "
+                                "up the pair's standby, or pass allow_master")
+        if not log_bin:
+            raise BackupRefused(f"{node} has no binary log: a backup would carry no position")
+        bid = backup_id or new_backup_id()
+        key = loc.key(bid, "backup.mbstream" + (".zst" if compress else ""))
+        started = _now()
+        t0 = time.monotonic()
+        snap = _Snapshot(conn) if checksums else None
+        watcher = StreamWatcher(on_locked=snap.open if snap else None)
+        upload = _Upload(s3, loc.bucket, key)
+        try:
+            prog, digest = _stream(argv, watcher, upload, compress, part_size, progress)
+            upload.finish()
+        except BaseException:
+            upload.abort()
+            raise
+        seconds = time.monotonic() - t0
+        if watcher.broken:
+            raise _undo(s3, loc.bucket, key, f"the stream did not parse: {watcher.broken}")
+        try:
+            bfile, bpos, gtid = binlog_info(watcher.text(physical.BINLOG_INFO))
+        except BackupFailed as exc:
+            raise _undo(s3, loc.bucket, key, str(exc)) from None
+        manifest: dict[str, Any] = {
+            "format": FORMAT, "backup_id": bid, "cluster": loc.cluster, "pair": loc.pair,
+            "node": node, "server_version": version, "started": started,
+            "finished": None, "seconds": round(seconds, 3),
+            "object": key, "compressed": bool(compress), "bytes": prog.object_bytes,
+            "stream_bytes": prog.stream_bytes, "sha256": digest, "parts": prog.parts,
+            "part_size": part_size, "sse": SSE,
+            "position": {"gtid": gtid, "binlog_file": bfile, "binlog_pos": bpos},
+            "checksums": None, "checksums_at_position": False, "checksums_note": "",
+        }
+        if snap is None:
+            manifest["checksums_note"] = "not asked for (checksums=false)"
+        elif snap.coords == (bfile, bpos):
+            tables = shard_tables(conn)
+            manifest["checksums"] = checksum_tables(conn, tables)
+            manifest["checksums_at_position"] = True
+            with conn.cursor() as c:
+                c.execute("COMMIT")
+        else:
+            manifest["checksums_note"] = (
+                snap.error or f"the snapshot (taken at {snap.at_file or 'no file'}: "
+                f"{snap.coords}) is not at the backup's binlog position ({bfile}, {bpos})")
+            log.warning("backup %s: no checksums: %s", bid, manifest["checksums_note"])
+        manifest["finished"] = _now()
+        s3.put_object(Bucket=loc.bucket, Key=loc.key(bid, MANIFEST),
+                      Body=json.dumps(manifest, indent=1, sort_keys=True).encode(),
+                      ServerSideEncryption=SSE, ContentType="application/json")
+        return manifest
+    finally:
+        conn.close()
+
+
+def _undo(s3: Any, bucket: str, key: str, why: str) -> BackupFailed:
+    try:
+        s3.delete_object(Bucket=bucket, Key=key)
+    except Exception as exc:  # noqa: BLE001 - retention removes it later
+        log.warning("could not delete %s: %s", key, exc)
+    return BackupFailed(f"no backup made: {why}")
+
+
+def _stream(argv: list[str], watcher: StreamWatcher, upload: _Upload, compress: bool,
+            part_size: int, progress: Callable[[Progress], None] | None
+            ) -> tuple[Progress, str]:
+    """mariadb-backup [| zstd] -> sha256 + parts. The uncompressed stream passes the
+    watcher; with compression a thread feeds zstd while this one reads its output."""
+    prog = Progress()
+    sha = hashlib.sha256()
+    with tempfile.TemporaryFile() as err:
+        src = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err,
+                               stdin=subprocess.DEVNULL)
+        procs = [src]
+        feeder: threading.Thread | None = None
+        feed_error: list[BaseException] = []
+        try:
+            if compress:
+                z = subprocess.Popen([physical._tool("zstd"), "-q", "-1", "-T0", "-c"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=err)
+                procs.append(z)
+
+                def feed() -> None:
+                    assert src.stdout is not None and z.stdin is not None
+                    try:
+                        for chunk in _chunks(src.stdout):
+                            watcher.feed(chunk)
+                            prog.stream_bytes += len(chunk)
+                            z.stdin.write(chunk)
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        feed_error.append(exc)
+                    finally:
+                        try:
+                            z.stdin.close()
+                        except OSError:
+                            pass
+
+                feeder = threading.Thread(target=feed, name="zstd-feed", daemon=True)
+                feeder.start()
+                out = z.stdout
+            else:
+                out = src.stdout
+            assert out is not None
+            prog.pids = [p.pid for p in procs]
+            buf = bytearray()
+            for chunk in _chunks(out):
+                if not compress:
+                    watcher.feed(chunk)
+                    prog.stream_bytes += len(chunk)
+                sha.update(chunk)
+                prog.object_bytes += len(chunk)
+                buf += chunk
+                if len(buf) >= part_size:
+                    upload.put(bytes(buf[:part_size]))
+                    del buf[:part_size]
+                    prog.parts += 1
+                    if progress:
+                        progress(prog)
+            if feeder is not None:
+                feeder.join()
+            codes = [p.wait() for p in procs]
+            if any(codes) or feed_error:
+                err.seek(0)
+                tail = err.read().decode(errors="replace")[-800:]
+                raise BackupFailed(f"mariadb-backup failed (exit {codes}"
+                                   f"{', ' + str(feed_error[0]) if feed_error else ''}): "
+                                   f"{tail}")
+            if prog.object_bytes == 0:
+                raise BackupFailed("mariadb-backup produced nothing")
+            if buf or prog.parts == 0:
+                upload.put(bytes(buf))
+                prog.parts += 1
+                if progress:
+                    progress(prog)
+        except BaseException:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            raise
+    return prog, sha.hexdigest()
+
+
+def _chunks(f: IO[bytes]) -> Iterator[bytes]:
+    while True:
+        chunk = f.read1(READ) if hasattr(f, "read1") else f.read(READ)
+        if not chunk:
+            return
+        yield chunk
+
+
+# -- restore --------------------------------------------------------------------------------
+
+def latest(s3: Any, loc: Location) -> dict[str, Any]:
+    done = list_backups(s3, loc)
+    if not done:
+        raise RestoreRefused(f"no complete backup under s3://{loc.bucket}/{loc.root}")
+    return done[-1]
+
+
+def download(s3: Any, loc: Location, manifest: dict[str, Any], directory: str) -> int:
+    """Stream the object into ``[zstd -d |] mbstream -x -C directory`` (created; must not
+    exist), hashing it; :class:`RestoreRefused` (and the directory removed) when the
+    sha256 or the size differs from the manifest, or the stream does not extract."""
+    Path(directory).mkdir(parents=True)
+    sha = hashlib.sha256()
+    total = 0
+    ok = False
+    try:
+        with tempfile.TemporaryFile() as err:
+            procs: list[subprocess.Popen[bytes]] = []
+            if manifest.get("compressed"):
+                procs.append(subprocess.Popen([physical._tool("zstd"), "-q", "-d", "-c"],
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=err))
+            procs.append(subprocess.Popen(
+                [physical._tool("mbstream"), "-x", "-C", directory],
+                stdin=procs[0].stdout if procs else subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=err))
+            if len(procs) > 1:
+                procs[0].stdout.close()  # type: ignore[union-attr]
+            sink = procs[0].stdin
+            assert sink is not None
+            broken = ""
+            try:
+                body = s3.get_object(Bucket=loc.bucket, Key=manifest["object"])["Body"]
+                for chunk in body.iter_chunks(READ):
+                    sha.update(chunk)
+                    total += len(chunk)
+                    sink.write(chunk)
+            except BrokenPipeError:
+                broken = "the extraction stopped reading"
+            finally:
+                try:
+                    sink.close()
+                except OSError:
+                    pass
+                codes = [p.wait() for p in procs]
+            if sha.hexdigest() != manifest["sha256"] or total != manifest["bytes"]:
+                raise RestoreRefused(
+                    f"backup {manifest['backup_id']} is corrupted: its object "
+                    f"s3://{loc.bucket}/{manifest['object']} has sha256 {sha.hexdigest()} "
+                    f"and {total} bytes, the manifest says {manifest['sha256']} and "
+                    f"{manifest['bytes']} bytes. Nothing was changed on the target; "
+                    "restore another backup")
+            if broken or any(codes):
+                err.seek(0)
+                raise RestoreRefused(f"backup {manifest['backup_id']} did not extract "
+                                     f"({broken or 'exit ' + str(codes)}): "
+                                     f"{err.read().decode(errors='replace')[-500:]}; nothing "
+                                     "was changed on the target")
+        ok = True
+        return total
+    finally:
+        if not ok:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
+            start: Callable[[], Any], connect: Callable[[], Any],
+            backup_id: str | None = None, owner: str | None = None,
+            use_memory: str = "256M", verify: bool = True) -> Restored:
+    """Restore *backup_id* (default: the latest complete one) into the node whose data
+    directory is *datadir* (*stop*/*start* the server; *connect* an admin connection
+    once it runs). The target is touched only after the object's sha256 matched the
+    manifest and the copy prepared. Leaves the node read-only, without a replication
+    channel, ``gtid_slave_pos`` at the backup's position; then compares every shard
+    table's checksum with the manifest (:class:`RestoreFailed` listing the differences;
+    the data stays in place for the operator to look at)."""
+    manifest = read_manifest(s3, loc, backup_id) if backup_id else latest(s3, loc)
+    bid = manifest["backup_id"]
+    t0 = time.monotonic()
+    incoming = datadir.rstrip("/") + ".restore"
+    shutil.rmtree(incoming, ignore_errors=True)  # a restore that never completed
+    n = download(s3, loc, manifest, incoming)
+    try:
+        physical.prepare(incoming, use_memory=use_memory)
+    except physical.CopyFailed as exc:
+        shutil.rmtree(incoming, ignore_errors=True)
+        raise RestoreRefused(f"backup {bid} did not prepare: {exc}; nothing was changed on "
+                             "the target") from None
+    pos = physical.position(incoming)
+    want = manifest["position"]["gtid"]
+    if pos != want:
+        shutil.rmtree(incoming, ignore_errors=True)
+        raise RestoreRefused(f"backup {bid}: the copy's position {pos!r} is not the "
+                             f"manifest's {want!r}; nothing was changed on the target")
+    _forget_replication(incoming)
+    try:
+        physical.install(incoming, datadir, stop=stop, start=start, owner=owner)
+    except physical.CopyFailed as exc:
+        raise RestoreFailed(f"restoring backup {bid}: {exc}") from None
+    conn = _connect_retrying(connect)
+    try:
+        with conn.cursor() as c:
+            c.execute("SET GLOBAL read_only = ON")
+            c.execute("STOP ALL SLAVES")
+            c.execute("SHOW ALL SLAVES STATUS")
+            for row in c.fetchall():
+                c.execute("RESET SLAVE %s ALL", (row[0],)) if row[0] else c.execute(
+                    "RESET SLAVE ALL")
+            c.execute("SET GLOBAL gtid_slave_pos = %s", (pos,))
+        note = ""
+        verified = 0
+        if not verify:
+            note = "checksums not verified (verify=false)"
+        elif not manifest.get("checksums_at_position"):
+            note = ("checksums not verified: the backup recorded none ("
+                    f"{manifest.get('checksums_note') or 'unknown'})")
+        else:
+            verified = _verify(conn, manifest)
+    finally:
+        conn.close()
+    return Restored(backup_id=bid, position=pos, bytes=n,
+                    seconds=time.monotonic() - t0, checksums_verified=verified, note=note)
+
+
+def _forget_replication(directory: str) -> None:
+    """The source's replication state, if the copy carries any, must not start a channel
+    on the restored node at boot (it would apply changes past the backup's position)."""
+    for pattern in ("master*.info", "multi-master.info", "relay-log*.info", "*relay-bin*"):
+        for f in Path(directory).glob(pattern):
+            f.unlink()
+
+
+def _verify(conn: Any, manifest: dict[str, Any]) -> int:
+    want: dict[str, dict[str, int]] = manifest["checksums"]
+    have_tables = shard_tables(conn)
+    problems = []
+    if set(have_tables) != set(want):
+        problems.append(f"shard databases differ: missing {sorted(set(want) - set(have_tables))}"
+                        f", extra {sorted(set(have_tables) - set(want))}")
+    common = {db: [t for t in have_tables[db] if t in want[db]]
+              for db in have_tables if db in want}
+    have = checksum_tables(conn, common)
+    n = 0
+    for db, tables in want.items():
+        for t, v in tables.items():
+            got = have.get(db, {}).get(t)
+            if got != v:
+                problems.append(f"{db}.{t}: {got} != {v}")
+            else:
+                n += 1
+    if problems:
+        raise RestoreFailed(f"backup {manifest['backup_id']} restored, but "
+                            f"{len(problems)} checksum(s) differ from its manifest: "
+                            f"{'; '.join(problems[:10])}. The node is read-only; do not "
+                            "use it")
+    return n
+
+
+def _connect_retrying(connect: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return connect()
+        except Exception:  # noqa: BLE001 - the server may still be starting
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+# -- retention ------------------------------------------------------------------------------
+
+def retention(s3: Any, loc: Location, *, keep_count: int, keep_days: float = 0,
+              stale_hours: float = 24, now: datetime | None = None,
+              check: bool = False) -> dict[str, list[str]]:
+    """Delete the pair's complete backups that are neither among the newest *keep_count*
+    nor younger than *keep_days* days; delete incomplete ones (no manifest) and abort
+    pending multipart uploads older than *stale_hours* (a running backup is younger).
+    The newest complete backup is always kept. *check*: only say what would go."""
+    if keep_count < 1:
+        raise ShardfleetError("retention: keep_count must be at least 1 (the newest "
+                              "complete backup is never deleted)")
+    now = now or datetime.now(UTC)
+    stale = now - timedelta(hours=stale_hours)
+    complete: list[tuple[str, datetime]] = []
+    incomplete: list[str] = []
+    for bid in _prefixes(s3, loc):
+        objs = _objects(s3, loc.bucket, loc.key(bid))
+        if any(o["Key"] == loc.key(bid, MANIFEST) for o in objs):
+            m = read_manifest(s3, loc, bid)
+            complete.append((bid, datetime.fromisoformat(m["finished"])))
+        elif objs and _started(bid, max(o["LastModified"] for o in objs)) < stale:
+            incomplete.append(bid)
+    complete.sort(key=lambda x: x[0])
+    old = [bid for bid, fin in complete[:-keep_count]
+           if keep_days <= 0 or fin < now - timedelta(days=keep_days)]
+    aborted: list[str] = []
+    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=loc.bucket,
+                                                                    Prefix=loc.root):
+        for u in page.get("Uploads", []):
+            bid = u["Key"][len(loc.root):].split("/", 1)[0]
+            if _started(bid, u["Initiated"]) < stale:
+                aborted.append(u["Key"])
+                if not check:
+                    s3.abort_multipart_upload(Bucket=loc.bucket, Key=u["Key"],
+                                              UploadId=u["UploadId"])
+    if not check:
+        for bid in old + incomplete:
+            # the manifest first: a backup half deleted no longer looks complete
+            keys = [loc.key(bid, MANIFEST)] + [o["Key"] for o in _objects(
+                s3, loc.bucket, loc.key(bid)) if o["Key"] != loc.key(bid, MANIFEST)]
+            for k in keys:
+                s3.delete_object(Bucket=loc.bucket, Key=k)
+    return {"deleted": old, "deleted_incomplete": incomplete, "aborted_uploads": aborted,
+            "kept": [bid for bid, _ in complete if bid not in old]}
+
+
+def _started(backup_id: str, fallback: datetime) -> datetime:
+    """When a backup started: its id's time (this library's clock; some S3 emulators
+    report a fixed upload time), else *fallback*."""
+    if BACKUP_ID.match(backup_id):
+        return datetime.strptime(backup_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    return fallback
+
+
+def s3_client(*, endpoint_url: str | None = None, region: str | None = None,
+              access_key: str | None = None, secret_key: str | None = None,
+              session_token: str | None = None) -> Any:
+    """A boto3 S3 client (credentials from the arguments, else boto3's usual chain)."""
+    import boto3  # only the nodes that back up or restore need it
+    from botocore.config import Config
+
+    kw: dict[str, Any] = {"config": Config(retries={"max_attempts": 5, "mode": "standard"})}
+    if endpoint_url:
+        kw["endpoint_url"] = endpoint_url
+    if region:
+        kw["region_name"] = region
+    if access_key:
+        kw.update(aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+                  aws_session_token=session_token)
+    return boto3.client("s3", **kw)
+
+
+__all__ = ["BackupFailed", "BackupRefused", "Location", "Progress", "RestoreFailed",
+           "RestoreRefused", "Restored", "StreamWatcher", "backup", "list_backups",
+           "latest", "read_manifest", "restore", "retention", "s3_client", "new_backup_id"]

@@ -1,0 +1,266 @@
+"""Backups of a pair's standby to S3 (moto's server on 127.0.0.1) and restores from them
+(shardfleet.backup): a backup under a writer restored onto a fresh server with the
+manifest's checksums; a master refused; a backup killed mid-stream leaves nothing that
+looks complete; a corrupted object refused before the target is touched; retention.
+
+Its own pair (the fixtures of test_promote.py); every test leaves it whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardfleet import backup, ids, physical, replication
+from shardfleet.backup import BackupFailed, BackupRefused, Location, RestoreRefused
+from shardfleet.testing import MariaDBServer
+
+from . import test_promote as tp
+from .s3_fixtures import REGION, S3, s3_server  # noqa: F401 - the fixture
+from .test_promote import roles, wait_applied
+
+pair, zk_store, writer_store = tp.pair, tp.zk_store, tp.writer_store
+
+pytestmark = pytest.mark.skipif(shutil.which("mariadb-backup") is None,
+                                reason="mariadb-backup is not installed (make host-deps)")
+
+PART = 5 << 20          # S3's smallest part: several parts even for a small server
+REPO = Path(__file__).resolve().parents[2]
+
+
+def argv_of(server: MariaDBServer, workdir: str) -> list[str]:
+    cnf = physical.client_defaults(workdir, "root", MariaDBServer.root_password)
+    return physical.backup_argv(defaults_file=cnf, datadir=str(server.datadir),
+                                socket_path=str(server.socket), parallel=2)
+
+
+def take(s3: Any, loc: Location, server: MariaDBServer, **kw: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return backup.backup(s3, loc, argv_of(server, tmp), connect=server.connect,
+                             node=server.address, part_size=PART, **kw)
+
+
+def keys(s3: Any, loc: Location) -> list[str]:
+    r = s3.list_objects_v2(Bucket=loc.bucket, Prefix=loc.root)
+    return sorted(o["Key"] for o in r.get("Contents", []))
+
+
+def pending_uploads(s3: Any, loc: Location) -> list[dict[str, Any]]:
+    return list(s3.list_multipart_uploads(Bucket=loc.bucket, Prefix=loc.root)
+                .get("Uploads", []))
+
+
+@pytest.fixture
+def loc(s3_server: S3) -> Location:  # noqa: F811
+    return Location(s3_server.new_bucket(), "c1", tp.PAIR, prefix="backups")
+
+
+@pytest.fixture
+def s3(s3_server: S3) -> Any:  # noqa: F811
+    return s3_server.client()
+
+
+@pytest.fixture
+def fresh(tmp_path_factory) -> Iterator[MariaDBServer]:
+    server = MariaDBServer(tmp_path_factory.mktemp("restore"), server_id=30,
+                           extra=["--innodb-file-per-table=0"]).start()
+    yield server
+    server.stop(remove=True)
+
+
+def marker(server: MariaDBServer) -> None:
+    server.sql("CREATE DATABASE IF NOT EXISTS sf_marker")
+
+
+def test_a_backup_of_the_standby_under_a_writer_restores_with_its_checksums(
+        pair, writer_store, s3, loc, fresh):
+    master, standby = roles(pair)
+    w = tp.Writer(writer_store, max_seconds=120).start()
+    try:
+        assert w.wait_acks(50), f"writer made no progress: {w.errors[-3:]}"
+        wait_applied(standby, master)
+        before = w.acked  # on the standby before the backup starts
+        parts: list[int] = []
+        m = take(s3, loc, standby, compress=True,
+                 progress=lambda p: parts.append(p.object_bytes))
+        assert w.wait_acks(20), f"writer stopped during the backup: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    assert m["checksums_at_position"], m["checksums_note"]
+    assert set(m["checksums"]) == {f"db{s:05d}" for s in tp.SHARDS}
+    assert m["node"] == standby.address and m["sha256"] and m["bytes"] > 0
+    assert m["stream_bytes"] > m["bytes"], "zstd compressed nothing"
+    assert replication.gtid_covers(master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0],
+                                   m["position"]["gtid"])
+    assert len(parts) >= 1
+    head = s3.head_object(Bucket=loc.bucket, Key=m["object"])
+    assert head["ServerSideEncryption"] == "AES256" and head["ContentLength"] == m["bytes"]
+    assert keys(s3, loc) == sorted([m["object"], loc.key(m["backup_id"], "manifest.json")])
+    assert [b["backup_id"] for b in backup.list_backups(s3, loc)] == [m["backup_id"]]
+    print(f"\nbackup: {m['stream_bytes'] / 2**20:.1f} MiB stream, {m['bytes'] / 2**20:.1f} MiB "
+          f"object in {m['seconds']:.2f}s "
+          f"({m['stream_bytes'] / 2**20 / max(m['seconds'], 1e-3):.1f} MiB/s)")
+
+    marker(fresh)
+    r = backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                       start=fresh.start, connect=fresh.connect)
+    print(f"restore: {r.bytes / 2**20:.1f} MiB object in {r.seconds:.2f}s, "
+          f"{r.checksums_verified} tables verified")
+    assert r.backup_id == m["backup_id"] and r.position == m["position"]["gtid"]
+    assert r.checksums_verified == sum(len(t) for t in m["checksums"].values()) > 0, r
+    assert not r.note, r.note
+    assert fresh.sql("SELECT @@GLOBAL.read_only")[0][0] == 1
+    assert fresh.sql("SHOW ALL SLAVES STATUS") == []
+    assert fresh.sql("SELECT @@GLOBAL.gtid_slave_pos")[0][0] == m["position"]["gtid"]
+    assert not fresh.sql("SHOW DATABASES LIKE 'sf_marker'"), "the old data is still there"
+    assert not Path(str(fresh.datadir) + ".restore").exists()
+    conn = fresh.connect()
+    try:
+        assert tp.missing_ids(conn, before) == [], "acknowledged writes missing from the restore"
+    finally:
+        conn.close()
+    # the verification sees a changed row
+    db = f"db{ids.shard_of(before[0]):05d}"  # a shard the writer wrote to
+    fresh.sql(f"UPDATE {db}.pins SET created_at = created_at - INTERVAL 1 DAY LIMIT 1")
+    conn = fresh.connect()
+    try:
+        with pytest.raises(backup.RestoreFailed, match=rf"1 checksum\(s\) differ.*{db}.pins"):
+            backup._verify(conn, m)
+    finally:
+        conn.close()
+    # the standby kept replicating through the backup
+    wait_applied(standby, master)
+    assert tp.channel(standby)["Slave_SQL_Running"] == "Yes"
+
+
+def test_a_master_is_refused_and_nothing_is_uploaded(pair, s3, loc):
+    master, _ = roles(pair)
+    with pytest.raises(BackupRefused, match="read_only=OFF"):
+        take(s3, loc, master)
+    assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+
+
+def test_a_backup_whose_mariadb_backup_dies_mid_stream_leaves_nothing(pair, s3, loc):
+    _, standby = roles(pair)
+    killed: list[int] = []
+
+    def kill_after_first_part(p: backup.Progress) -> None:
+        if not killed:
+            os.kill(p.pids[0], signal.SIGKILL)  # mariadb-backup itself
+            killed.append(p.pids[0])
+
+    with pytest.raises(BackupFailed, match="mariadb-backup failed"):
+        take(s3, loc, standby, progress=kill_after_first_part)
+    assert killed
+    assert backup.list_backups(s3, loc) == []
+    assert keys(s3, loc) == [], "a failed backup left objects"
+    assert pending_uploads(s3, loc) == [], "the multipart upload was not aborted"
+
+
+KILLED = """
+import sys, time
+sys.path.insert(0, {src!r})
+from shardfleet import backup, physical
+s3 = backup.s3_client(endpoint_url={url!r}, region={region!r}, access_key="testing",
+                      secret_key="testing")
+loc = backup.Location({bucket!r}, "c1", {pair!r}, prefix="backups")
+argv = physical.backup_argv(defaults_file={cnf!r}, datadir={datadir!r},
+                            socket_path={socket!r}, parallel=2)
+import pymysql
+def connect():
+    return pymysql.connect(unix_socket={socket!r}, user="root", password={password!r},
+                           autocommit=True)
+def progress(p):
+    print("PART", p.parts, flush=True)
+    time.sleep(60)  # killed here, mid-stream
+backup.backup(s3, loc, argv, connect=connect, node="n", part_size={part}, progress=progress)
+"""
+
+
+def test_a_killed_backup_process_leaves_no_manifest_and_retention_aborts_its_upload(
+        pair, s3, loc, s3_server, tmp_path):  # noqa: F811
+    _, standby = roles(pair)
+    cnf = physical.client_defaults(str(tmp_path), "root", MariaDBServer.root_password)
+    code = KILLED.format(src=str(REPO / "src"), url=s3_server.url, region=REGION,
+                         bucket=loc.bucket, pair=loc.pair, cnf=cnf, datadir=str(standby.datadir),
+                         socket=str(standby.socket), password=MariaDBServer.root_password,
+                         part=PART)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, text=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]  # bounded by the backup
+        assert line.startswith("PART"), f"no part uploaded: {line!r} {proc.stderr.read()}"  # type: ignore[union-attr]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the backup and its mariadb-backup
+        proc.wait(30)
+    assert backup.list_backups(s3, loc) == [], "a killed backup looks complete"
+    assert not any(k.endswith("manifest.json") for k in keys(s3, loc))
+    assert len(pending_uploads(s3, loc)) == 1, "the killed upload should still be pending"
+    # a fresh upload is kept (it may be a running backup), a stale one aborted
+    assert backup.retention(s3, loc, keep_count=1)["aborted_uploads"] == []
+    later = datetime.now(UTC) + timedelta(hours=25)
+    out = backup.retention(s3, loc, keep_count=1, now=later)
+    assert len(out["aborted_uploads"]) == 1 and pending_uploads(s3, loc) == []
+
+
+def test_a_corrupted_backup_is_refused_and_the_target_is_untouched(pair, s3, loc, fresh):
+    _, standby = roles(pair)
+    m = take(s3, loc, standby, compress=True)
+    body = bytearray(s3.get_object(Bucket=loc.bucket, Key=m["object"])["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.put_object(Bucket=loc.bucket, Key=m["object"], Body=bytes(body))
+    marker(fresh)
+    listing = sorted(p.name for p in fresh.datadir.iterdir())
+    with pytest.raises(RestoreRefused, match="corrupted.*Nothing was changed"):
+        backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                       start=fresh.start, connect=fresh.connect, backup_id=m["backup_id"])
+    assert fresh.running and fresh.sql("SHOW DATABASES LIKE 'sf_marker'")
+    assert sorted(p.name for p in fresh.datadir.iterdir()) == listing
+    assert not Path(str(fresh.datadir) + ".restore").exists()
+    with pytest.raises(RestoreRefused, match="no complete backup nope"):
+        backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                       start=fresh.start, connect=fresh.connect, backup_id="nope")
+
+
+def _fake(s3: Any, loc: Location, bid: str, finished: datetime, manifest: bool = True) -> None:
+    s3.put_object(Bucket=loc.bucket, Key=loc.key(bid, "backup.mbstream"), Body=b"x")
+    if manifest:
+        s3.put_object(Bucket=loc.bucket, Key=loc.key(bid, "manifest.json"), Body=json.dumps(
+            {"backup_id": bid, "finished": finished.isoformat()}).encode())
+
+
+def test_retention_by_count_and_age_keeps_the_newest_and_removes_stale_incomplete(s3, loc):
+    now = datetime.now(UTC)
+    times = [now - timedelta(days=10 - i) for i in range(1, 6)]
+    ages = {f"{t:%Y%m%dT%H%M%SZ}-00000{i}": t for i, t in enumerate(times)}
+    for bid, fin in ages.items():
+        _fake(s3, loc, bid, fin)
+    leftover = f"{now:%Y%m%dT%H%M%SZ}-000009"
+    _fake(s3, loc, leftover, now, manifest=False)  # a failed backup's leftover
+    ids = sorted(ages)
+    # ages 9, 8, 7, 6, 5 days: keep 2 by count (ids[3:]) and any younger than 7.5 days
+    # (ids[2])
+    plan = backup.retention(s3, loc, keep_count=2, keep_days=7.5, check=True)
+    assert plan["deleted"] == ids[:2] and plan["kept"] == ids[2:]
+    assert len(backup.list_backups(s3, loc)) == 5, "check mode deleted something"
+    out = backup.retention(s3, loc, keep_count=2, keep_days=7.5)
+    assert out["deleted"] == ids[:2] and out["deleted_incomplete"] == []
+    assert [b["backup_id"] for b in backup.list_backups(s3, loc)] == ids[2:]
+    # by count only; the incomplete one once it is stale
+    out = backup.retention(s3, loc, keep_count=1, now=now + timedelta(days=2))
+    assert out["deleted"] == ids[2:4] and out["deleted_incomplete"] == [leftover]
+    assert keys(s3, loc) == sorted(loc.key(ids[4], n) for n in ("backup.mbstream",
+                                                                "manifest.json"))
+    with pytest.raises(Exception, match="keep_count must be at least 1"):
+        backup.retention(s3, loc, keep_count=0)
