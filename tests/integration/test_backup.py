@@ -264,3 +264,46 @@ def test_retention_by_count_and_age_keeps_the_newest_and_removes_stale_incomplet
                                                                 "manifest.json"))
     with pytest.raises(Exception, match="keep_count must be at least 1"):
         backup.retention(s3, loc, keep_count=0)
+
+
+def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
+        pair, s3, loc, s3_server, tmp_path):  # noqa: F811
+    from .test_modules import run_module
+
+    master, standby = roles(pair)
+    secret = "sf-s3-secret-" + os.urandom(4).hex()
+    common = {"bucket": loc.bucket, "prefix": loc.prefix, "cluster": loc.cluster,
+              "pair": loc.pair, "endpoint_url": s3_server.url, "region": REGION,
+              "access_key": "AKIASHARDFLEETTEST", "secret_key": secret,
+              "login_user": "root", "login_password": MariaDBServer.root_password}
+
+    def on(server: MariaDBServer, **kw: Any) -> dict[str, Any]:
+        return {**common, "login_unix_socket": str(server.socket),
+                "datadir": str(server.datadir), "node": server.address, "parallel": 2,
+                "part_size_mb": 5, **kw}
+
+    outputs = []
+    r, out = run_module(tmp_path, "shard_backup", on(standby, mode="backup"), check=True)
+    outputs.append(out)
+    assert r.get("changed") and "would back up" in r["msg"], r
+    assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+    r, out = run_module(tmp_path, "shard_backup", on(master, mode="backup"))
+    outputs.append(out)
+    assert r.get("failed") and "read_only=OFF" in r["msg"] and "Traceback" not in r["msg"], r
+    r, out = run_module(tmp_path, "shard_backup", on(standby, mode="backup"))
+    outputs.append(out)
+    assert r.get("changed") and r["manifest"]["checksums_at_position"], r
+    assert r["manifest"]["checksummed_databases"] == len(tp.SHARDS)
+    bid = r["manifest"]["backup_id"]
+    r, out = run_module(tmp_path, "shard_backup", {**common, "mode": "list"})
+    outputs.append(out)
+    assert [b["backup_id"] for b in r["backups"]] == [bid], r
+    r, out = run_module(tmp_path, "shard_backup", on(standby, mode="restore"), check=True)
+    outputs.append(out)
+    assert r.get("changed") and bid in r["msg"], r
+    r, out = run_module(tmp_path, "shard_backup", {**common, "mode": "prune", "keep_count": 1})
+    outputs.append(out)
+    assert not r.get("changed") and r["pruned"]["kept"] == [bid], r
+    for out in outputs:
+        assert secret not in out and MariaDBServer.root_password not in out
+    wait_applied(standby, master)

@@ -1,0 +1,357 @@
+#!/usr/bin/python
+# Backups of a pair's standby to S3 and restores from them, run on the MySQL node itself:
+# the data goes between the node and S3, never through the control node. The work is in
+# shardfleet.backup.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: shard_backup
+short_description: Back up a MySQL node to S3, list, restore and prune its pair's backups
+description:
+  - I(mode=backup) runs on a pair's standby. It streams
+    C(mariadb-backup --backup --stream=mbstream) (backup locks, the node keeps serving and
+    replicating), optionally zstd-compressed, straight into S3 by multipart upload with
+    server-side encryption C(AES256), under
+    C(<prefix>/<cluster>/<pair>/<backup-id>/), then writes C(manifest.json) last (GTID
+    position, size, sha256, per-shard checksums). A writable node (a master) is refused
+    unless I(allow_master). A backup that fails leaves no manifest and aborts its upload.
+  - I(mode=list) returns the pair's complete backups (those with a manifest), oldest first.
+  - I(mode=restore) runs on the node to restore. It downloads the named or the latest
+    backup as a stream, refuses it before touching anything when its sha256 differs from
+    the manifest, prepares it, stops the server, puts the copy in place of the data
+    directory, starts the server, leaves it read-only without a replication channel
+    (C(gtid_slave_pos) at the backup's position) and compares every shard table's
+    checksum with the manifest.
+  - I(mode=prune) deletes complete backups beyond I(keep_count) that are older than
+    I(keep_days), and incomplete ones (and pending uploads) older than I(stale_hours).
+  - The node needs boto3 (C(python3-boto3)), C(mariadb-backup) and, with I(compress),
+    C(zstd).
+version_added: "0.3.0"
+author: shardfleet
+options:
+  mode:
+    description: What to do.
+    type: str
+    required: true
+    choices: [backup, list, restore, prune]
+  bucket:
+    description: The S3 bucket.
+    type: str
+    required: true
+  prefix:
+    description: Key prefix before C(<cluster>/<pair>/).
+    type: str
+    default: shardfleet
+  cluster:
+    description: The fleet's cluster name (part of the key).
+    type: str
+    default: default
+  pair:
+    description: The pair whose backups these are (part of the key).
+    type: str
+    required: true
+  endpoint_url:
+    description: S3 endpoint (another region's, or an S3-compatible store); default AWS.
+    type: str
+  region:
+    description: AWS region of the bucket.
+    type: str
+  access_key:
+    description: AWS access key; default boto3's chain (instance profile, environment).
+    type: str
+  secret_key:
+    description: AWS secret key; never logged.
+    type: str
+  session_token:
+    description: AWS session token; never logged.
+    type: str
+  login_user:
+    description: Admin user mariadb-backup and the checks connect as.
+    type: str
+    default: shardfleet_admin
+  login_password:
+    description: Its password; written to a 0600 option file for mariadb-backup, never logged.
+    type: str
+    default: ''
+  login_unix_socket:
+    description: The server's socket.
+    type: str
+    default: /run/mysqld/mysqld.sock
+  datadir:
+    description: The server's data directory (read by mariadb-backup; replaced by a restore).
+    type: str
+    default: /var/lib/mysql
+  parallel:
+    description: I(mode=backup) files mariadb-backup copies at once.
+    type: int
+    default: 4
+  compress:
+    description: I(mode=backup) zstd-compress the object (CPU on the node; fewer bytes stored).
+    type: bool
+    default: true
+  part_size_mb:
+    description: I(mode=backup) multipart part size in MiB (5 to 5120; parts in flight use
+      about three times this in memory).
+    type: int
+    default: 64
+  allow_master:
+    description: I(mode=backup) back up a writable node (a master) too.
+    type: bool
+    default: false
+  checksums:
+    description: I(mode=backup) record per-shard checksums at the backup's position.
+    type: bool
+    default: true
+  node:
+    description: I(mode=backup) the node's name recorded in the manifest (host:port).
+    type: str
+    default: ''
+  backup_id:
+    description: I(mode=restore) the backup to restore; default the latest complete one.
+    type: str
+  service:
+    description: I(mode=restore) the systemd unit stopped and started around the swap.
+    type: str
+    default: mariadb
+  owner:
+    description: I(mode=restore) the owner given to the restored files.
+    type: str
+    default: mysql
+  use_memory:
+    description: I(mode=restore) memory for C(mariadb-backup --prepare).
+    type: str
+    default: 256M
+  verify:
+    description: I(mode=restore) compare the shard tables' checksums with the manifest.
+    type: bool
+    default: true
+  keep_count:
+    description: I(mode=prune) complete backups always kept (the newest ones; at least 1).
+    type: int
+    default: 7
+  keep_days:
+    description: I(mode=prune) complete backups younger than this are kept too (0 = by count only).
+    type: float
+    default: 14
+  stale_hours:
+    description: I(mode=prune) incomplete backups and pending uploads older than this are removed.
+    type: float
+    default: 24
+attributes:
+  check_mode:
+    support: full
+    description: backup says what it would do after reading the node's read_only; restore
+      names the backup it would restore; prune lists what it would delete. Nothing changes.
+  diff_mode:
+    support: none
+  idempotent:
+    support: partial
+    description: list is read-only and prune converges; every backup run makes a new backup and
+      every restore run restores again.
+"""
+
+EXAMPLES = r"""
+- name: Back up the standby
+  shard_backup:
+    mode: backup
+    bucket: shardfleet-backups
+    cluster: default
+    pair: pair001
+    node: "10.0.1.12:3306"
+    login_password: "{{ mysql_admin_password }}"
+
+- name: Restore the latest backup of pair001 onto this node
+  shard_backup:
+    mode: restore
+    bucket: shardfleet-backups
+    pair: pair001
+    login_password: "{{ mysql_admin_password }}"
+
+- name: Keep a week, at least 7
+  shard_backup:
+    mode: prune
+    bucket: shardfleet-backups
+    pair: pair001
+    keep_count: 7
+    keep_days: 7
+"""
+
+RETURN = r"""
+manifest:
+  description: I(mode=backup) the manifest written; I(mode=restore) the manifest of the
+    backup restored (or that would be, in check mode).
+  returned: mode=backup or mode=restore
+  type: dict
+backups:
+  description: I(mode=list) the complete backups' manifests, oldest first.
+  returned: mode=list
+  type: list
+  elements: dict
+restored:
+  description: I(mode=restore) backup_id, position, bytes, seconds, checksums_verified, note.
+  returned: mode=restore, not in check mode
+  type: dict
+pruned:
+  description: I(mode=prune) deleted, deleted_incomplete, aborted_uploads, kept.
+  returned: mode=prune
+  type: dict
+"""
+
+import socket
+import subprocess
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.shardfleet_common import library_errors, require_library
+
+
+def _systemctl(module, verb):
+    def run():
+        r = subprocess.run(["systemctl", verb, module.params["service"]], capture_output=True,
+                           text=True, check=False)
+        if r.returncode:
+            raise OSError(f"systemctl {verb} {module.params['service']}: {r.stderr.strip()}")
+    return run
+
+
+def _setup(module):
+    from shardfleet import backup
+
+    p = module.params
+    loc = backup.Location(p["bucket"], p["cluster"], p["pair"], prefix=p["prefix"])
+    s3 = backup.s3_client(endpoint_url=p["endpoint_url"], region=p["region"],
+                          access_key=p["access_key"], secret_key=p["secret_key"],
+                          session_token=p["session_token"])
+    return backup, loc, s3
+
+
+def _connect(module):
+    from shardfleet import topology
+
+    p = module.params
+    return lambda: topology.connect("localhost:3306", p["login_user"], p["login_password"],
+                                    unix_socket=p["login_unix_socket"])
+
+
+def do_backup(module):
+    from shardfleet import physical
+
+    backup, loc, s3 = _setup(module)
+    p = module.params
+    node = p["node"] or f"{socket.getfqdn()}:3306"
+    connect = _connect(module)
+    if module.check_mode:
+        conn = connect()
+        try:
+            with conn.cursor() as c:
+                c.execute("SELECT @@GLOBAL.read_only")
+                ro = c.fetchone()[0]
+        finally:
+            conn.close()
+        if not ro and not p["allow_master"]:
+            raise backup.BackupRefused(f"{node} is writable (read_only=OFF): it is a master. "
+                                       "Back up the pair's standby, or pass allow_master")
+        module.exit_json(changed=True, msg=f"would back up {node} ({p['datadir']}) to "
+                                           f"s3://{loc.bucket}/{loc.root}")
+    with tempfile.TemporaryDirectory(prefix="sf-backup-") as tmp:
+        cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
+        argv = physical.backup_argv(defaults_file=cnf, datadir=p["datadir"],
+                                    socket_path=p["login_unix_socket"], parallel=p["parallel"])
+        manifest = backup.backup(s3, loc, argv, connect=connect, node=node,
+                                 compress=p["compress"], part_size=p["part_size_mb"] << 20,
+                                 allow_master=p["allow_master"], checksums=p["checksums"])
+    if not manifest["checksums_at_position"]:
+        module.warn(f"backup {manifest['backup_id']} has no checksums: "
+                    f"{manifest['checksums_note']}")
+    return dict(changed=True, manifest=_brief(manifest))
+
+
+def _brief(manifest):
+    """The manifest without the per-table checksums (thousands of lines for a pair)."""
+    out = {k: v for k, v in manifest.items() if k != "checksums"}
+    out["checksummed_databases"] = len(manifest.get("checksums") or {})
+    return out
+
+
+def do_list(module):
+    _, loc, s3 = _setup(module)
+    from shardfleet import backup
+
+    return dict(changed=False, backups=[_brief(m) for m in backup.list_backups(s3, loc)])
+
+
+def do_restore(module):
+    backup, loc, s3 = _setup(module)
+    p = module.params
+    manifest = (backup.read_manifest(s3, loc, p["backup_id"]) if p["backup_id"]
+                else backup.latest(s3, loc))
+    if module.check_mode:
+        module.exit_json(changed=True, manifest=_brief(manifest),
+                         msg=f"would restore backup {manifest['backup_id']} "
+                             f"(position {manifest['position']['gtid']}) into {p['datadir']}")
+    r = backup.restore(s3, loc, datadir=p["datadir"], stop=_systemctl(module, "stop"),
+                       start=_systemctl(module, "start"), connect=_connect(module),
+                       backup_id=manifest["backup_id"], owner=p["owner"],
+                       use_memory=p["use_memory"], verify=p["verify"])
+    if r.note:
+        module.warn(r.note)
+    return dict(changed=True, manifest=_brief(manifest), restored=dict(vars(r)))
+
+
+def do_prune(module):
+    backup, loc, s3 = _setup(module)
+    p = module.params
+    out = backup.retention(s3, loc, keep_count=p["keep_count"], keep_days=p["keep_days"],
+                           stale_hours=p["stale_hours"], check=module.check_mode)
+    changed = bool(out["deleted"] or out["deleted_incomplete"] or out["aborted_uploads"])
+    return dict(changed=changed, pruned=out)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            mode=dict(type="str", required=True, choices=["backup", "list", "restore", "prune"]),
+            bucket=dict(type="str", required=True),
+            prefix=dict(type="str", default="shardfleet"),
+            cluster=dict(type="str", default="default"),
+            pair=dict(type="str", required=True),
+            endpoint_url=dict(type="str"),
+            region=dict(type="str"),
+            access_key=dict(type="str", no_log=True),
+            secret_key=dict(type="str", no_log=True),
+            session_token=dict(type="str", no_log=True),
+            login_user=dict(type="str", default="shardfleet_admin"),
+            login_password=dict(type="str", default="", no_log=True),
+            login_unix_socket=dict(type="str", default="/run/mysqld/mysqld.sock"),
+            datadir=dict(type="str", default="/var/lib/mysql"),
+            parallel=dict(type="int", default=4),
+            compress=dict(type="bool", default=True),
+            part_size_mb=dict(type="int", default=64),
+            allow_master=dict(type="bool", default=False),
+            checksums=dict(type="bool", default=True),
+            node=dict(type="str", default=""),
+            backup_id=dict(type="str"),
+            service=dict(type="str", default="mariadb"),
+            owner=dict(type="str", default="mysql"),
+            use_memory=dict(type="str", default="256M"),
+            verify=dict(type="bool", default=True),
+            keep_count=dict(type="int", default=7),
+            keep_days=dict(type="float", default=14),
+            stale_hours=dict(type="float", default=24),
+        ),
+        supports_check_mode=True,
+    )
+    require_library(module)
+    p = module.params
+    if not 5 <= p["part_size_mb"] <= 5120:
+        module.fail_json(msg=f"part_size_mb {p['part_size_mb']} must be 5..5120 (S3's limits)")
+    run = {"backup": do_backup, "list": do_list, "restore": do_restore,
+           "prune": do_prune}[p["mode"]]
+    with library_errors(module, f"backup ({p['mode']}) of {p['pair']}"):
+        out = run(module)
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()
