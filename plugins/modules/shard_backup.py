@@ -96,7 +96,8 @@ options:
     type: int
     default: 64
   allow_master:
-    description: I(mode=backup) back up a writable node (a master) too.
+    description: I(mode=backup) back up a writable node (a master) too; I(mode=restore) restore
+      onto a writable node (refused by default: it may be serving).
     type: bool
     default: false
   checksums:
@@ -293,7 +294,8 @@ def do_restore(module):
     r = backup.restore(s3, loc, datadir=p["datadir"], stop=_systemctl(module, "stop"),
                        start=_systemctl(module, "start"), connect=_connect(module),
                        backup_id=manifest["backup_id"], owner=p["owner"],
-                       use_memory=p["use_memory"], verify=p["verify"])
+                       use_memory=p["use_memory"], verify=p["verify"],
+                       allow_master=p["allow_master"])
     if r.note:
         module.warn(r.note)
     return dict(changed=True, manifest=_brief(manifest), restored=dict(vars(r)))

@@ -644,15 +644,20 @@ def download(s3: Any, loc: Location, manifest: dict[str, Any], directory: str) -
 def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
             start: Callable[[], Any], connect: Callable[[], Any],
             backup_id: str | None = None, owner: str | None = None,
-            use_memory: str = "256M", verify: bool = True) -> Restored:
+            use_memory: str = "256M", verify: bool = True,
+            allow_master: bool = False) -> Restored:
     """Restore *backup_id* (default: the latest complete one) into the node whose data
     directory is *datadir* (*stop*/*start* the server; *connect* an admin connection
     once it runs). The target is touched only after the object's sha256 matched the
     manifest and the copy prepared. Leaves the node read-only, without a replication
     channel, ``gtid_slave_pos`` at the backup's position; then compares every shard
     table's checksum with the manifest (:class:`RestoreFailed` listing the differences;
-    the data stays in place for the operator to look at)."""
+    the data stays in place for the operator to look at). A target that answers and is
+    writable (a master) is refused unless *allow_master*; one that does not answer is
+    restored (a node being rebuilt)."""
     manifest = read_manifest(s3, loc, backup_id) if backup_id else latest(s3, loc)
+    if not allow_master:
+        _refuse_writable(connect, datadir)
     bid = manifest["backup_id"]
     t0 = time.monotonic()
     incoming = datadir.rstrip("/") + ".restore"
@@ -698,6 +703,23 @@ def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
         conn.close()
     return Restored(backup_id=bid, position=pos, bytes=n,
                     seconds=time.monotonic() - t0, checksums_verified=verified, note=note)
+
+
+def _refuse_writable(connect: Callable[[], Any], datadir: str) -> None:
+    try:
+        conn = connect()
+    except Exception:  # noqa: BLE001 - not running: nothing serves from it
+        return
+    try:
+        with conn.cursor() as c:
+            c.execute("SELECT @@GLOBAL.read_only")
+            (ro,) = c.fetchone()
+    finally:
+        conn.close()
+    if not ro:
+        raise RestoreRefused(f"the server on {datadir} is writable (read_only=OFF): it may "
+                             "be a master. Restore onto a new or fenced node (read_only=ON), "
+                             "or pass allow_master; nothing was changed")
 
 
 def _forget_replication(directory: str) -> None:

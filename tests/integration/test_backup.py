@@ -74,7 +74,7 @@ def s3(s3_server: S3) -> Any:  # noqa: F811
 @pytest.fixture
 def fresh(tmp_path_factory) -> Iterator[MariaDBServer]:
     server = MariaDBServer(tmp_path_factory.mktemp("restore"), server_id=30,
-                           extra=["--innodb-file-per-table=0"]).start()
+                           extra=["--innodb-file-per-table=0", "--read-only=ON"]).start()
     yield server
     server.stop(remove=True)
 
@@ -228,6 +228,11 @@ def test_a_corrupted_backup_is_refused_and_the_target_is_untouched(pair, s3, loc
     assert fresh.running and fresh.sql("SHOW DATABASES LIKE 'sf_marker'")
     assert sorted(p.name for p in fresh.datadir.iterdir()) == listing
     assert not Path(str(fresh.datadir) + ".restore").exists()
+    fresh.sql("SET GLOBAL read_only = OFF")
+    with pytest.raises(RestoreRefused, match="writable"):
+        backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                       start=fresh.start, connect=fresh.connect, backup_id=m["backup_id"])
+    assert sorted(p.name for p in fresh.datadir.iterdir()) == listing
     with pytest.raises(RestoreRefused, match="no complete backup nope"):
         backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
                        start=fresh.start, connect=fresh.connect, backup_id="nope")
