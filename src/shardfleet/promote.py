@@ -1395,17 +1395,38 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     run.nodes = nodes
     if opts.copy not in ("logical", "physical"):
         raise PromotionRefused(f"copy must be 'logical' or 'physical', not {opts.copy!r}")
-    with _held(run, opts) as runner:
-        rb = _Rebuild(run, node, ranges, opts)
-        try:
-            if rb.connect():
-                runner.run(rb.steps(), check=check)
-                rb.finish(cur.map)
-        except _CopyNeeded:
-            rb.copy_needed()
-        finally:
-            rb.close()
+    try:
+        with _held(run, opts) as runner:
+            rb = _Rebuild(run, node, ranges, opts)
+            try:
+                if rb.connect():
+                    runner.run(rb.steps(), check=check)
+                    rb.finish(cur.map)
+            except _CopyNeeded:
+                rb.copy_needed()
+            finally:
+                rb.close()
+    except (PromotionRefused, PromotionFailed):
+        raise
+    except ERRORS as exc:
+        raise _rebuild_unexpected(run, node, exc) from exc
     return res
+
+
+def _rebuild_unexpected(run: _Run, node: str, exc: BaseException) -> ShardfleetError:
+    """The rebuild's error boundary: a refusal before any change, else a failure that
+    says the state the node is in and the command that continues."""
+    what = _describe(exc)
+    log.warning("rebuild %s: %s", run.pair, what)
+    if not run.begun:
+        return PromotionRefused(f"rebuild of {node} in {run.pair} stopped before any change: "
+                                f"{what}; nothing changed")
+    step = (run.journal.data or {}).get("step", "start")
+    return PromotionFailed(
+        f"rebuild of {node} in {run.pair} failed after step {step!r}: {what}. The node is "
+        "fenced (read_only, replication stopped) and still marked for rebuild; the pair "
+        "serves from its master. Fix the cause and run playbooks/rebuild-standby.yml again "
+        f"(the journal {run.journal.path} is in flight until then)")
 
 
 class _CopyNeeded(Exception):

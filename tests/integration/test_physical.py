@@ -125,6 +125,11 @@ def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, write
         assert "copy" in first.next_step
         assert [j.name for j in ops.in_flight(zk_store)] == [f"rebuild-{PAIR}"]
         assert zk_store.read().map.ranges[0].extra.get("rebuild") == old.address
+        # a call with a position that is not one fails as one message (no driver error)
+        with pytest.raises(promote.PromotionFailed,
+                           match=r"(?s)failed after step.*MySQL error \d+.*rebuild-standby"):
+            promote.rebuild_standby(zk_store, PAIR, nodes(pair),
+                                    opts=ropts(copy="physical", copy_position="not-a-gtid"))
         # 2: the copy, new -> old, while the writer writes to new
         n_before = len(w.acked)
         incoming = str(Path(str(old.datadir) + ".incoming"))
