@@ -875,6 +875,9 @@ class _Promotion:
         if self.mconn is not None:  # alive: the connection the steps use has the usual bounds
             _close(self.mconn)
             self.mconn, self.why, refusing = reach(old, opts)
+            if self.mconn is None and not refusing:
+                raise PromotionRefused(f"the master {old} answered, then did not ({self.why}): "
+                                       "it is not dead; rerun this command; nothing changed")
         if refusing:
             # alive: even forced, it could not be fenced, and two masters would take writes
             raise _alive_refusing(old, self.why)
@@ -897,7 +900,9 @@ class _Promotion:
                     "off from here only, and an emergency promotion would leave two masters "
                     f"taking writes. Run the promotion from a host that reaches {old} "
                     f"(mode=planned, zero loss), or stop {old} (e.g. stop its instance), then "
-                    "rerun this command; nothing changed")
+                    "rerun this command; " + (
+                        "the unfinished promotion's frozen ranges stay frozen until then"
+                        if self.res.resumed else "nothing changed"))
         self.res.semisync = {"standby": semisync_state(self.sconn)}
         if self.mconn is not None:
             self.res.semisync["master"] = semisync_state(self.mconn)
