@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -312,3 +313,30 @@ def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
     for out in outputs:
         assert secret not in out and MariaDBServer.root_password not in out
     wait_applied(standby, master)
+
+
+def test_backup_playbook_names_the_maps_standby_never_the_master(pair, zk_store, zookeeper,
+                                                                 tmp_path):
+    """backup.yml's first play against the pair's map (the backups themselves need fleet
+    hosts: the e2e tier). Only the control node's play runs (--limit)."""
+    master, standby = roles(pair)
+    hosts = {f"sf-test-{i}": {"shardfleet_pair": tp.PAIR, "shardfleet_address": "127.0.0.1",
+                              "mysql_port": s.port} for i, s in enumerate(pair)}
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps({"all": {"children": {"mysql": {"hosts": hosts}}, "hosts": {
+        "localhost": {"ansible_connection": "local",
+                      "ansible_python_interpreter": sys.executable}}}}))
+    extra = {"backup_zookeeper_hosts": [zookeeper.address], "backup_cluster": zk_store.cluster,
+             "mysql_admin_user": "root", "mysql_admin_password": MariaDBServer.root_password,
+             "zookeeper_admin_password": ""}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv),
+                        "--limit", "localhost", "-e", json.dumps(extra), "-v",
+                        str(REPO / "playbooks" / "backup.yml")],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    name = {s.address: h for h, s in zip(hosts, pair, strict=True)}
+    added = set(re.findall(r"host_name: (\S+)", out))
+    assert added == {name[standby.address]}, out[-3000:]
+    assert MariaDBServer.root_password not in out
