@@ -169,6 +169,32 @@ def test_a_backup_whose_mariadb_backup_dies_mid_stream_leaves_nothing(pair, s3, 
     assert pending_uploads(s3, loc) == [], "the multipart upload was not aborted"
 
 
+class BrokenUploads:
+    """The S3 client, but its part uploads fail (a network cut, S3 refusing)."""
+
+    def __init__(self, s3: Any) -> None:
+        self.s3, self.parts = s3, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.s3, name)
+
+    def upload_part(self, **kw: Any) -> Any:
+        self.parts += 1
+        raise ConnectionResetError("the connection to S3 was cut")
+
+
+def test_a_compressed_backup_whose_upload_breaks_leaves_nothing(pair, s3, loc):
+    _, standby = roles(pair)
+    broken = BrokenUploads(s3)
+    with tempfile.TemporaryDirectory() as tmp, \
+            pytest.raises(BackupFailed, match="connection to S3 was cut"):
+        backup.backup(broken, loc, argv_of(standby, tmp), connect=standby.connect,
+                      node=standby.address, compress=True, part_size=PART)
+    assert broken.parts == 1
+    assert backup.list_backups(s3, loc) == [] and keys(s3, loc) == []
+    assert pending_uploads(s3, loc) == [], "the multipart upload was not aborted"
+
+
 KILLED = """
 import sys, time
 sys.path.insert(0, {src!r})
