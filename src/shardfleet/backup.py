@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import queue
 import re
 import secrets
@@ -58,7 +59,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from shardfleet import physical
+from shardfleet import physical, replication
 from shardfleet.errors import ShardfleetError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ MiB = 1 << 20
 DEFAULT_PART_SIZE = 64 * MiB
 MIN_PART_SIZE = 5 * MiB          # S3's smallest part (but the last)
 MANIFEST = "manifest.json"
+BINLOGS = "binlogs"               # <root>binlogs/<node>/: the binlog archive
 FORMAT = 1
 SSE = "AES256"
 READ = 1 * MiB                   # bytes read from a pipe at a time
@@ -377,7 +379,7 @@ def _prefixes(s3: Any, loc: Location) -> list[str]:
     for page in s3.get_paginator("list_objects_v2").paginate(
             Bucket=loc.bucket, Prefix=loc.root, Delimiter="/"):
         out += [p["Prefix"][len(loc.root):].rstrip("/") for p in page.get("CommonPrefixes", [])]
-    return sorted(out)
+    return sorted(p for p in out if p != BINLOGS)  # the binlog archive is no backup
 
 
 def _objects(s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
@@ -765,6 +767,100 @@ def _connect_retrying(connect: Callable[[], Any], timeout: float = 60.0) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+# -- binlog archive and point-in-time replay ---------------------------------------------------
+
+def binlog_root(loc: Location, node: str) -> str:
+    """Archived binary logs of *node* (``host:port``): ``<root>binlogs/<host_port>/``."""
+    return f"{loc.root}{BINLOGS}/{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}/"
+
+
+def archive_binlogs(s3: Any, loc: Location, *, connect: Callable[[], Any], node: str,
+                    flush: bool = True) -> list[str]:
+    """Upload *node*'s closed binary logs that are not archived yet (same name and size);
+    *flush* closes the current one first (``FLUSH BINARY LOGS``), so the archive reaches
+    the present. Run it on the master, often (cron); returns the files uploaded."""
+    conn = connect()
+    try:
+        with conn.cursor() as c:
+            if flush:
+                c.execute("FLUSH BINARY LOGS")
+            c.execute("SELECT @@GLOBAL.log_bin_basename")
+            (basename,) = c.fetchone()
+            c.execute("SHOW BINARY LOGS")
+            logs = [(r[0], int(r[1])) for r in c.fetchall()]
+    finally:
+        conn.close()
+    if not basename:
+        raise ShardfleetError(f"{node} has no binary log to archive")
+    directory = Path(basename).parent
+    root = binlog_root(loc, node)
+    have = {o["Key"][len(root):]: int(o["Size"]) for o in _objects(s3, loc.bucket, root)}
+    sent = []
+    for name, size in logs[:-1]:  # the last one is still being written
+        if have.get(name) == size:
+            continue
+        s3.upload_file(str(directory / name), loc.bucket, root + name,
+                       ExtraArgs={"ServerSideEncryption": SSE})
+        sent.append(name)
+    return sent
+
+
+def replay(s3: Any, loc: Location, *, node: str, start: str, client_argv: list[str],
+           connect: Callable[[], Any], stop_gtid: str = "", stop_datetime: str = "",
+           workdir: str | None = None) -> dict[str, Any]:
+    """Apply *node*'s archived binary logs from GTID position *start* (a restored
+    backup's) up to *stop_gtid* or *stop_datetime* (server-local time,
+    ``YYYY-MM-DD HH:MM:SS``) to the server *client_argv* (a ``mariadb`` client command)
+    reaches: ``mariadb-binlog --start-position=START --stop-...`` piped into it. Then
+    ``gtid_slave_pos`` is the position reached. Nothing stops the replay at a position
+    the archive does not reach yet: the result says where it ended."""
+    if bool(stop_gtid) == bool(stop_datetime):
+        raise ShardfleetError("replay: give exactly one of stop_gtid and stop_datetime")
+    root = binlog_root(loc, node)
+    names = sorted(o["Key"][len(root):] for o in _objects(s3, loc.bucket, root))
+    if not names:
+        raise RestoreFailed(f"no archived binary logs of {node} under s3://{loc.bucket}/{root}")
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="sf-binlogs-") as tmp:
+        for n in names:
+            s3.download_file(loc.bucket, root + n, os.path.join(tmp, n))
+        argv = [physical._tool("mariadb-binlog", "mysqlbinlog"), f"--start-position={start}"]
+        argv.append(f"--stop-position={stop_gtid}" if stop_gtid
+                    else f"--stop-datetime={stop_datetime}")
+        argv += [os.path.join(tmp, n) for n in names]
+        with tempfile.TemporaryFile() as err:
+            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+            apply = subprocess.run(client_argv, stdin=dump.stdout, stdout=subprocess.DEVNULL,
+                                   stderr=err, check=False)
+            assert dump.stdout is not None
+            dump.stdout.close()
+            code = dump.wait()
+            if code or apply.returncode:
+                err.seek(0)
+                raise RestoreFailed(f"replaying the binary logs of {node} failed (exit "
+                                    f"{code}, {apply.returncode}): "
+                                    f"{err.read().decode(errors='replace')[-800:]}")
+    conn = connect()
+    try:
+        with conn.cursor() as c:
+            c.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+            (applied,) = c.fetchone()
+            reached = _merge(start, applied)
+            c.execute("STOP ALL SLAVES")
+            c.execute("SET GLOBAL gtid_slave_pos = %s", (reached,))
+    finally:
+        conn.close()
+    return {"files": names, "position": reached}
+
+
+def _merge(*positions: str) -> str:
+    out: dict[int, tuple[int, int]] = {}
+    for pos in positions:
+        for d, (srv, seq) in replication.parse_gtids(pos).items():
+            if d not in out or seq > out[d][1]:
+                out[d] = (srv, seq)
+    return ",".join(f"{d}-{srv}-{seq}" for d, (srv, seq) in sorted(out.items()))
 
 
 # -- retention ------------------------------------------------------------------------------

@@ -366,3 +366,53 @@ def test_backup_playbook_names_the_maps_standby_never_the_master(pair, zk_store,
     added = set(re.findall(r"host_name: (\S+)", out))
     assert added == {name[standby.address]}, out[-3000:]
     assert MariaDBServer.root_password not in out
+
+
+def test_point_in_time_restore_replays_the_masters_archived_binlogs_to_a_gtid(
+        pair, writer_store, s3, loc, fresh, tmp_path):
+    master, standby = roles(pair)
+    w = tp.Writer(writer_store, max_seconds=120).start()
+    try:
+        assert w.wait_acks(30), f"writer made no progress: {w.errors[-3:]}"
+        m = take(s3, loc, standby, compress=True)
+        n_backup = len(w.acked)
+        assert w.wait_acks(30), f"writer stopped: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    upto = w.acked  # every acknowledged write is before the point in time...
+    assert len(upto) > n_backup
+    stop = master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    conn = master.connect()  # ...and this one after it
+    try:
+        with conn.cursor() as c:
+            c.execute("INSERT INTO db00000.pins (body) VALUES ('{\"after\": true}')")
+            after = c.lastrowid
+    finally:
+        conn.close()
+    sent = backup.archive_binlogs(s3, loc, connect=master.connect, node=master.address)
+    assert sent and backup.archive_binlogs(s3, loc, connect=master.connect,
+                                           node=master.address, flush=False) == []
+    # the archive is not a backup, and retention leaves it alone
+    assert [b["backup_id"] for b in backup.list_backups(s3, loc)] == [m["backup_id"]]
+    backup.retention(s3, loc, keep_count=1, now=datetime.now(UTC) + timedelta(days=30))
+    assert any("/binlogs/" in k for k in keys(s3, loc))
+
+    r = backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                       start=fresh.start, connect=fresh.connect)
+    assert r.checksums_verified > 0
+    cnf = physical.client_defaults(str(tmp_path), "root", MariaDBServer.root_password)
+    client = [shutil.which("mariadb") or "mariadb", f"--defaults-extra-file={cnf}",
+              "--host=127.0.0.1", f"--port={fresh.port}"]
+    out = backup.replay(s3, loc, node=master.address, start=r.position, client_argv=client,
+                        connect=fresh.connect, stop_gtid=stop)
+    assert replication.gtid_covers(out["position"], stop), (out, stop)
+    conn = fresh.connect()
+    try:
+        assert tp.missing_ids(conn, upto) == [], "writes before the point in time are missing"
+        with conn.cursor() as c:
+            c.execute("SELECT COUNT(*) FROM db00000.pins WHERE local_id = %s", (after,))
+            assert c.fetchone()[0] == 0, "a write after the point in time was replayed"
+    finally:
+        conn.close()
+    assert fresh.sql("SELECT @@GLOBAL.read_only")[0][0] == 1
+    assert fresh.sql("SELECT @@GLOBAL.gtid_slave_pos")[0][0] == out["position"]
