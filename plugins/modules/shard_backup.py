@@ -25,6 +25,10 @@ description:
     checksum with the manifest.
   - I(mode=prune) deletes complete backups beyond I(keep_count) that are older than
     I(keep_days), and incomplete ones (and pending uploads) older than I(stale_hours).
+  - I(mode=archive) runs on a pair's master. It closes the current binary log
+    (C(FLUSH BINARY LOGS)) and uploads every closed one not archived yet to
+    C(<prefix>/<cluster>/<pair>/binlogs/<node>/). Run it often; a restore with
+    I(stop_gtid) or I(stop_datetime) replays them to a point in time.
   - The node needs boto3 (C(python3-boto3)), C(mariadb-backup) and, with I(compress),
     C(zstd).
 version_added: "0.3.0"
@@ -34,7 +38,7 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [backup, list, restore, prune]
+    choices: [backup, list, restore, prune, archive]
   bucket:
     description: The S3 bucket.
     type: str
@@ -97,7 +101,7 @@ options:
     default: 64
   allow_master:
     description: I(mode=backup) back up a writable node (a master) too; I(mode=restore) restore
-      onto a writable node (refused by default: it may be serving).
+      onto a writable node (refused by default, it may be serving).
     type: bool
     default: false
   checksums:
@@ -105,7 +109,23 @@ options:
     type: bool
     default: true
   node:
-    description: I(mode=backup) the node's name recorded in the manifest (host:port).
+    description: I(mode=backup) the node's name recorded in the manifest (host:port);
+      I(mode=archive) the node whose binary logs these are (host:port, required).
+    type: str
+    default: ''
+  stop_gtid:
+    description: I(mode=restore) after restoring, replay the archived binary logs of
+      I(binlog_node) up to this GTID position (point-in-time recovery).
+    type: str
+    default: ''
+  stop_datetime:
+    description: I(mode=restore) or replay up to this time (C(YYYY-MM-DD HH:MM:SS), the
+      server's time zone).
+    type: str
+    default: ''
+  binlog_node:
+    description: I(mode=restore) the node (host:port) whose archived binary logs are
+      replayed (the pair's master at the time), required with I(stop_gtid) or I(stop_datetime).
     type: str
     default: ''
   backup_id:
@@ -196,6 +216,15 @@ restored:
 pruned:
   description: I(mode=prune) deleted, deleted_incomplete, aborted_uploads, kept.
   returned: mode=prune
+  type: dict
+archived:
+  description: I(mode=archive) the binary log files uploaded by this run.
+  returned: mode=archive
+  type: list
+  elements: str
+replayed:
+  description: I(mode=restore) with a stop point, the files replayed and the position reached.
+  returned: mode=restore with stop_gtid or stop_datetime, not in check mode
   type: dict
 """
 
@@ -290,7 +319,10 @@ def do_restore(module):
     if module.check_mode:
         module.exit_json(changed=True, manifest=_brief(manifest),
                          msg=f"would restore backup {manifest['backup_id']} "
-                             f"(position {manifest['position']['gtid']}) into {p['datadir']}")
+                             f"(position {manifest['position']['gtid']}) into {p['datadir']}"
+                             + (f", then replay the binary logs of {p['binlog_node']} to "
+                                f"{p['stop_gtid'] or p['stop_datetime']}"
+                                if p["stop_gtid"] or p["stop_datetime"] else ""))
     r = backup.restore(s3, loc, datadir=p["datadir"], stop=_systemctl(module, "stop"),
                        start=_systemctl(module, "start"), connect=_connect(module),
                        backup_id=manifest["backup_id"], owner=p["owner"],
@@ -298,7 +330,31 @@ def do_restore(module):
                        allow_master=p["allow_master"])
     if r.note:
         module.warn(r.note)
-    return dict(changed=True, manifest=_brief(manifest), restored=dict(vars(r)))
+    out = dict(changed=True, manifest=_brief(manifest), restored=dict(vars(r)))
+    if p["stop_gtid"] or p["stop_datetime"]:
+        from shardfleet import physical
+
+        with tempfile.TemporaryDirectory(prefix="sf-replay-") as tmp:
+            cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
+            client = [physical._tool("mariadb", "mysql"), f"--defaults-extra-file={cnf}",
+                      f"--socket={p['login_unix_socket']}"]
+            out["replayed"] = backup.replay(s3, loc, node=p["binlog_node"], start=r.position,
+                                            client_argv=client, connect=_connect(module),
+                                            stop_gtid=p["stop_gtid"],
+                                            stop_datetime=p["stop_datetime"])
+    return out
+
+
+def do_archive(module):
+    backup, loc, s3 = _setup(module)
+    p = module.params
+    if not p["node"]:
+        module.fail_json(msg="mode=archive needs node (host:port of this server)")
+    if module.check_mode:
+        module.exit_json(changed=True, msg=f"would archive the closed binary logs of "
+                                           f"{p['node']} to {backup.binlog_root(loc, p['node'])}")
+    sent = backup.archive_binlogs(s3, loc, connect=_connect(module), node=p["node"])
+    return dict(changed=bool(sent), archived=sent)
 
 
 def do_prune(module):
@@ -313,7 +369,8 @@ def do_prune(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            mode=dict(type="str", required=True, choices=["backup", "list", "restore", "prune"]),
+            mode=dict(type="str", required=True,
+                      choices=["backup", "list", "restore", "prune", "archive"]),
             bucket=dict(type="str", required=True),
             prefix=dict(type="str", default="shardfleet"),
             cluster=dict(type="str", default="default"),
@@ -334,6 +391,9 @@ def main():
             checksums=dict(type="bool", default=True),
             node=dict(type="str", default=""),
             backup_id=dict(type="str"),
+            stop_gtid=dict(type="str", default=""),
+            stop_datetime=dict(type="str", default=""),
+            binlog_node=dict(type="str", default=""),
             service=dict(type="str", default="mariadb"),
             owner=dict(type="str", default="mysql"),
             use_memory=dict(type="str", default="256M"),
@@ -348,8 +408,13 @@ def main():
     p = module.params
     if not 5 <= p["part_size_mb"] <= 5120:
         module.fail_json(msg=f"part_size_mb {p['part_size_mb']} must be 5..5120 (S3's limits)")
+    if (p["stop_gtid"] or p["stop_datetime"]) and not p["binlog_node"]:
+        module.fail_json(msg="a point-in-time restore (stop_gtid or stop_datetime) needs "
+                             "binlog_node, the node whose archived binary logs to replay")
+    if p["stop_gtid"] and p["stop_datetime"]:
+        module.fail_json(msg="give stop_gtid or stop_datetime, not both")
     run = {"backup": do_backup, "list": do_list, "restore": do_restore,
-           "prune": do_prune}[p["mode"]]
+           "prune": do_prune, "archive": do_archive}[p["mode"]]
     with library_errors(module, f"backup ({p['mode']}) of {p['pair']}"):
         out = run(module)
     module.exit_json(**out)

@@ -333,6 +333,13 @@ def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
     r, out = run_module(tmp_path, "shard_backup", on(standby, mode="restore"), check=True)
     outputs.append(out)
     assert r.get("changed") and bid in r["msg"], r
+    r, out = run_module(tmp_path, "shard_backup", on(master, mode="archive"))
+    outputs.append(out)
+    assert r.get("changed") and r["archived"], r
+    r, out = run_module(tmp_path, "shard_backup", on(standby, mode="restore",
+                                                     stop_gtid="0-1-1"))
+    outputs.append(out)
+    assert r.get("failed") and "needs binlog_node" in r["msg"], r
     r, out = run_module(tmp_path, "shard_backup", {**common, "mode": "prune", "keep_count": 1})
     outputs.append(out)
     assert not r.get("changed") and r["pruned"]["kept"] == [bid], r
