@@ -351,7 +351,8 @@ def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
 def test_backup_playbook_names_the_maps_standby_never_the_master(pair, zk_store, zookeeper,
                                                                  tmp_path):
     """backup.yml's first play against the pair's map (the backups themselves need fleet
-    hosts: the e2e tier). Only the control node's play runs (--limit)."""
+    hosts: the e2e tier): the standby is backed up, the master only archives its binary
+    logs. Only the control node's play runs (--limit)."""
     master, standby = roles(pair)
     hosts = {f"sf-test-{i}": {"shardfleet_pair": tp.PAIR, "shardfleet_address": "127.0.0.1",
                               "mysql_port": s.port} for i, s in enumerate(pair)}
@@ -370,8 +371,9 @@ def test_backup_playbook_names_the_maps_standby_never_the_master(pair, zk_store,
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     name = {s.address: h for h, s in zip(hosts, pair, strict=True)}
-    added = set(re.findall(r"host_name: (\S+)", out))
-    assert added == {name[standby.address]}, out[-3000:]
+    added = set(re.findall(r"groups:\s+- (\w+)\s+host_name: (\S+)", out))
+    assert added == {("backup_standbys", name[standby.address]),
+                     ("backup_masters", name[master.address])}, out[-3000:]
     assert MariaDBServer.root_password not in out
 
 
