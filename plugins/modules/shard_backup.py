@@ -96,7 +96,7 @@ options:
     default: true
   part_size_mb:
     description: I(mode=backup) multipart part size in MiB (5 to 5120; parts in flight use
-      about three times this in memory).
+      about four times this in memory).
     type: int
     default: 64
   allow_master:
