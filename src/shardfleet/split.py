@@ -971,6 +971,12 @@ class Split:
                 return True
             if not done("replicate")():
                 return False
+            if self._flipped(self._settled_map()):
+                # the cutover flipped the map (and may have removed the split's channel)
+                # before a crash: the cutover step finishes it; re-creating the channel
+                # would rewind gtid_slave_pos to the clone's GTID and re-apply the source's
+                # events on the target
+                return True
             ch = self._channel(self.spec.target)
             return ch is not None and (ch.get("Slave_IO_Running"),
                                        ch.get("Slave_SQL_Running")) == ("Yes", "Yes")

@@ -300,12 +300,11 @@ def test_split_under_a_fault(seed, split_fleet, split_servers, zookeeper, tmp_pa
 # Named schedules: a defect the campaign found, replayed at the exact instant (a seed
 # replays the instant in time, which under another load may fall on another statement).
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect found by seeds 207, 219 and 68574: a split killed after its cutover removed the "
-    "split's replication (map flipped, journal not yet at cutover) is resumed by a rerun "
-    "whose replicate step re-creates the channel and sets gtid_slave_pos back to the "
-    "clone's GTID: the target re-applies the source's events (1062 duplicate key), its "
-    "pair's replication breaks, and the abort the message names refuses (flipped)"))
+# Found by seeds 207, 219 and 68574 (fixed in split.py's replicate "is it done?"): a split
+# killed after its cutover removed the split's replication (map flipped, journal not yet
+# at cutover) was resumed by a rerun whose replicate step re-created the channel and set
+# gtid_slave_pos back to the clone's GTID: the target re-applied the source's events (1062
+# duplicate key), its pair's replication broke, and the abort the message named refused.
 def test_split_killed_after_its_channel_was_removed(split_fleet, split_servers, zookeeper,
                                                      tmp_path):
     run = Run("split-killed-after-remove-channel", 207)
