@@ -559,11 +559,13 @@ def _rerun_cmd(pair: str, mode: str, expect: str) -> str:
 def _promote(run: _Run, mode: str, master: str | None, expect_master: str | None,
              opts: Options) -> Result:
     store, res = run.store, run.res
-    cur = store.read()
-    if cur.map is None:
-        raise PromotionRefused("there is no shard map in ZooKeeper")
-    res.map_before = cur.map.table()
     with _held(run, opts) as runner:
+        # read under the locks: a second command that waited for them decides on the map
+        # the first one left, not on the one it saw before waiting
+        cur = store.read()
+        if cur.map is None:
+            raise PromotionRefused("there is no shard map in ZooKeeper")
+        res.map_before = cur.map.table()
         p = _prepare(run, cur.map, mode, master, expect_master, opts)
         if p is None:
             return res

@@ -10,6 +10,7 @@ replication running both ways. Its map is registered afresh in a new cluster per
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -513,6 +514,45 @@ def test_a_plain_rerun_after_a_finished_promotion_is_refused(pair, zk_store):
     with pytest.raises(PromotionRefused, match="already happened.*looks like the same command"):
         promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
     assert zk_store.read().version == v and roles(pair) == (standby, master)
+    back = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                           expect_master=standby.address, opts=opts())
+    assert back.changed and roles(pair) == (master, standby)
+    wait_applied(standby, master)
+
+
+def test_the_same_command_started_beside_a_running_one_decides_on_the_map_it_left(
+        pair, zk_store, monkeypatch):
+    """Two identical plain commands (two operators, or a retry of a hung SSH session): the
+    second waits for the first's locks and must then decide on the map the first left (a
+    finished promotion: refused as a rerun), not on the map it read before waiting."""
+    master, standby = roles(pair)
+    real = replication.wait_for_gtid
+    first_holds = threading.Event()
+
+    def slow_wait(conn: Any, position: str, timeout: float) -> None:
+        first_holds.set()  # the first promotion holds the locks and has frozen the ranges
+        time.sleep(1.0)
+        real(conn, position, timeout)
+
+    monkeypatch.setattr(replication, "wait_for_gtid", slow_wait)
+    out: dict[str, Any] = {}
+
+    def first() -> None:
+        out["first"] = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                                       opts=opts())
+
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert first_holds.wait(30), "the first promotion never reached its drain"
+        with pytest.raises(PromotionRefused, match="already happened"):
+            promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                            opts=opts(lock_timeout=30))
+    finally:
+        t.join(60)
+        monkeypatch.undo()
+    assert out["first"].changed and roles(pair) == (standby, master)
+    wait_applied(master, standby)
     back = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
                            expect_master=standby.address, opts=opts())
     assert back.changed and roles(pair) == (master, standby)
