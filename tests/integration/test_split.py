@@ -228,6 +228,27 @@ def test_abort_before_cutover_restores_everything(fleet):
         assert sp.run("all")[-1].changed
 
 
+def test_replication_that_stops_with_an_error_fails_the_split_at_once_naming_it(fleet):
+    """The split's channel stops on an error (a row the target already has): the wait for
+    the catch-up ends at once with the error, not after the admin connection's read
+    timeout as a bare 'lost connection' (found by the fault campaign)."""
+    db = f"db{MOVING[0]:05d}"
+    with fleet.split() as sp:
+        sp.run("clone")
+        conn = fleet.target.connect()
+        with conn.cursor() as c:
+            c.execute("SET SESSION sql_log_bin=0")
+            c.execute(f"INSERT INTO {db}.pins (local_id, body) VALUES (424242, '{{}}')")
+        conn.close()
+        fleet.source.sql(f"INSERT INTO {db}.pins (local_id, body) VALUES (424242, '{{}}')")
+        with pytest.raises(SplitError, match=r"stopped: .*Duplicate entry"):
+            sp.run("replicate")
+    with fleet.split() as sp:  # the documented way out: abort, then start over
+        assert sp.run("abort")[0].changed
+    assert fleet.target.sql("SHOW DATABASES LIKE 'db%'") == []
+    assert fence_writes(fleet) == 0
+
+
 def test_cutover_timeout_undoes_freeze_and_fence(fleet, tmp_path):
     before = fleet.map()
     with fleet.split() as sp:
