@@ -96,6 +96,7 @@ def backup_argv(*, defaults_file: str, datadir: str | None = None, socket_path: 
     *defaults_file*, never on a command line)."""
     argv = [_tool("mariadb-backup", "mariabackup"), f"--defaults-extra-file={defaults_file}",
             "--backup", "--stream=mbstream", f"--parallel={max(1, parallel)}",
+            "--open-files-limit=1048576",
             f"--target-dir={tempfile.gettempdir()}"]
     if datadir:
         argv.append(f"--datadir={datadir}")
@@ -121,6 +122,7 @@ def send(target: str, secret: str, argv: list[str], *, compress: bool = False,
     (``host:port``). The receiver may still be starting: connecting is retried until
     *connect_timeout*. Returns once the receiver confirmed it extracted everything."""
     host, _, port = target.rpartition(":")
+    _raise_open_files()
     t0 = time.monotonic()
     sock = _connect_retrying(host.strip("[]"), int(port), connect_timeout)
     with sock, tempfile.TemporaryFile() as err:
@@ -155,6 +157,23 @@ def send(target: str, secret: str, argv: list[str], *, compress: bool = False,
         if not reply.startswith("OK "):
             raise CopyFailed(f"{target} did not take the copy: {reply or 'no answer'}")
         return Sent(bytes=sent, seconds=time.monotonic() - t0)
+
+
+def _raise_open_files(want: int = 1 << 20) -> None:
+    """mariadb-backup opens every tablespace at once (a fleet node holds tens of thousands:
+    2,048 shards of a dozen tables): raise this process's open-files limit, which it
+    inherits, as far as the system lets (root may raise the hard limit too)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for limit in ((want, max(hard, want)), (hard, hard)):
+        if limit[0] <= soft:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+            return
+        except (ValueError, OSError):
+            continue
 
 
 def _connect_retrying(host: str, port: int, timeout: float) -> socket.socket:
@@ -286,7 +305,9 @@ class Receiver:
 
 def prepare(directory: str, use_memory: str = "256M") -> None:
     """``mariadb-backup --prepare``: the copy made consistent, ready to be a data directory."""
+    _raise_open_files()
     r = subprocess.run([_tool("mariadb-backup", "mariabackup"), "--prepare",
+                        "--open-files-limit=1048576",
                         f"--target-dir={directory}", f"--use-memory={use_memory}"],
                        capture_output=True, text=True, check=False)
     if r.returncode:
