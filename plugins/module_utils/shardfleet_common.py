@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import traceback
 from contextlib import contextmanager
 
@@ -48,6 +49,17 @@ def require_library(module):
     if not HAS_SHARDFLEET:
         module.fail_json(msg=missing_required_lib("shardfleet"),
                          exception=SHARDFLEET_IMPORT_ERROR)
+
+
+def service_action(module, verb):
+    """A callable running ``systemctl VERB`` on the module's ``service`` option (the
+    stop/start a data directory swap needs); an OSError naming the unit on failure."""
+    def run():
+        r = subprocess.run(["systemctl", verb, module.params["service"]], capture_output=True,
+                           text=True, check=False)
+        if r.returncode:
+            raise OSError(f"systemctl {verb} {module.params['service']}: {r.stderr.strip()}")
+    return run
 
 
 def mysql_connect(module, **kw):

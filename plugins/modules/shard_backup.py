@@ -229,20 +229,14 @@ replayed:
 """
 
 import socket
-import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import library_errors, require_library
-
-
-def _systemctl(module, verb):
-    def run():
-        r = subprocess.run(["systemctl", verb, module.params["service"]], capture_output=True,
-                           text=True, check=False)
-        if r.returncode:
-            raise OSError(f"systemctl {verb} {module.params['service']}: {r.stderr.strip()}")
-    return run
+from ansible.module_utils.shardfleet_common import (
+    library_errors,
+    require_library,
+    service_action,
+)
 
 
 def _setup(module):
@@ -323,8 +317,8 @@ def do_restore(module):
                              + (f", then replay the binary logs of {p['binlog_node']} to "
                                 f"{p['stop_gtid'] or p['stop_datetime']}"
                                 if p["stop_gtid"] or p["stop_datetime"] else ""))
-    r = backup.restore(s3, loc, datadir=p["datadir"], stop=_systemctl(module, "stop"),
-                       start=_systemctl(module, "start"), connect=_connect(module),
+    r = backup.restore(s3, loc, datadir=p["datadir"], stop=service_action(module, "stop"),
+                       start=service_action(module, "start"), connect=_connect(module),
                        backup_id=manifest["backup_id"], owner=p["owner"],
                        use_memory=p["use_memory"], verify=p["verify"],
                        allow_master=p["allow_master"])

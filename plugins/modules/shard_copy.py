@@ -130,20 +130,14 @@ seconds:
   type: float
 """
 
-import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import library_errors, require_library
-
-
-def _systemctl(module, verb):
-    def run():
-        r = subprocess.run(["systemctl", verb, module.params["service"]], capture_output=True,
-                           text=True, check=False)
-        if r.returncode:
-            raise OSError(f"systemctl {verb} {module.params['service']}: {r.stderr.strip()}")
-    return run
+from ansible.module_utils.shardfleet_common import (
+    library_errors,
+    require_library,
+    service_action,
+)
 
 
 def receive(module):
@@ -164,8 +158,8 @@ def receive(module):
         rx.close()
     physical.prepare(incoming, use_memory=p["use_memory"])
     pos = physical.position(incoming)
-    physical.install(incoming, p["datadir"], stop=_systemctl(module, "stop"),
-                     start=_systemctl(module, "start"), owner=p["owner"])
+    physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
+                     start=service_action(module, "start"), owner=p["owner"])
     return dict(changed=True, position=pos, bytes=got.bytes, seconds=round(got.seconds, 3))
 
 
