@@ -13,6 +13,7 @@ TEST_TIERS += faults
 FAULTS_DIR ?= /tmp/shardfleet-faults
 
 faults: deps
+	@mkdir -p $(FAULTS_DIR)
 	SHARDFLEET_FAULT_DIR=$(FAULTS_DIR) \
 	$(if $(SEED),SHARDFLEET_FAULT_SEED=$(SEED)) $(if $(RUNS),SHARDFLEET_FAULT_RUNS=$(RUNS)) \
 	$(PYTEST) -q -m faults tests/faults --basetemp=$(FAULTS_DIR)/pytest
