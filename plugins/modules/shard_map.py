@@ -97,28 +97,23 @@ from ansible.module_utils.shardfleet_common import (
 
 
 def run(module):
-    from shardfleet import shardmap
+    from shardfleet import mapstore, shardmap
 
     p = module.params
     store = zookeeper_store(module)
     with library_errors(module, "shard map", None):
         try:
-            current = store.read()
-            new = shardmap.plan_change(current.map, p["state"], p["ranges"],
-                                       known_hosts=p["known_hosts"],
-                                       mod_shard_count=p["mod_shard_count"])
-            changes = shardmap.diff(current.map, new)
-            changed = current.map is None or new != current.map
-            result = dict(changed=changed, map=new.to_dict(), version=current.version,
-                          changes=changes)
-            if module._diff:
-                result["diff"] = dict(
-                    before=(current.map.table() + "\n") if current.map else "",
-                    after=new.table() + "\n")
-            if changed and not module.check_mode:
-                result["version"] = store.write(new, current.version)
+            done = mapstore.change_ranges(store, p["state"], p["ranges"],
+                                          known_hosts=p["known_hosts"],
+                                          mod_shard_count=p["mod_shard_count"],
+                                          check=module.check_mode)
         finally:
             store.close(timeout=2)
+    result = dict(changed=done.changed, map=done.after.to_dict(), version=done.version,
+                  changes=shardmap.diff(done.before, done.after))
+    if module._diff:
+        result["diff"] = dict(before=(done.before.table() + "\n") if done.before else "",
+                              after=done.after.table() + "\n")
     module.exit_json(**result)
 
 

@@ -391,3 +391,49 @@ def _read_settled(store: MapStore, timeout: float, cause: Exception) -> Versione
                     f"could not be read again within {timeout:.0f}s ({exc}): it may or may "
                     "not have been applied") from None
             time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class Changed:
+    """What :func:`change_ranges` did: the map before and after, the version it ends on
+    (``NO_NODE`` when there is no map), and whether the stored map changed."""
+
+    before: ShardMap | None
+    after: ShardMap
+    version: int
+    changed: bool
+
+
+def change_ranges(store: MapStore, state: str, entries: list[dict[str, Any]], *,
+                  known_hosts: list[str] | None = None, mod_shard_count: int | None = None,
+                  check: bool = False) -> Changed:
+    """Register, replace or remove ranges (:func:`shardmap.plan_change`) through the one
+    read-modify-CAS loop (:func:`update`): what ``shard_map`` and ``open-range.yml`` do.
+
+    A write whose reply is lost is decided by content, so a rerun, or the loop itself,
+    never applies the change twice and never reports a change it lost. A plan that
+    fails validation (an overlap, a hole) raises :class:`MapError` before anything is
+    written. *check*: plan only. With no map yet, the first map is created (a lost
+    race to create it is retried as an update of the map that won).
+    """
+    def edit(m: ShardMap | None) -> ShardMap:
+        return shardmap.plan_change(m, state, entries, known_hosts=known_hosts,
+                                    mod_shard_count=mod_shard_count)
+
+    cur = store.read()
+    planned = edit(cur.map)
+    if check or planned == cur.map:
+        return Changed(cur.map, planned, cur.version, cur.map is None or planned != cur.map)
+    if cur.map is None:
+        try:
+            return Changed(None, planned, store.write(planned, NO_NODE), True)
+        except MapConflictError:
+            cur = store.read()  # someone created it first: edit theirs
+        except MapStoreUnavailable as exc:
+            after = _read_settled(store, 3 * float(getattr(store, "timeout", 5.0)), exc)
+            if after.map is not None and edit(after.map) == after.map:
+                return Changed(None, after.map, after.version, True)
+            cur = after
+    before = cur.map
+    done = update(store, edit)
+    return Changed(before, done.map, done.version, done.changed)

@@ -624,7 +624,8 @@ def _prepare(run: _Run, m: ShardMap, mode: str, master: str | None,
         raise PromotionRefused(f"{new} is not a server of pair {pair} ({', '.join(nodes)})")
     res.ranges = [list(r.bounds) for r in ranges]
     if new == old and not res.resumed:
-        _already(res, ranges, run.store, m, journal, opts)
+        peer = next((n for n in nodes if n != old), None)
+        _already(res, ranges, run.store, m, journal, opts, peer, run.check)
         return None
     if expect_master:
         _check_expected(res, old, expect_master, journal)
@@ -636,7 +637,7 @@ def _prepare(run: _Run, m: ShardMap, mode: str, master: str | None,
     if rebuilding and not res.resumed and master is None and journal \
             and journal.get("new_master") == old:
         # a rerun after an emergency promotion: it is done; the old master awaits rebuild
-        _already(res, ranges, run.store, m, journal, opts)
+        _already(res, ranges, run.store, m, journal, opts, new, run.check)
         return None
     if rebuilding and not res.resumed:
         raise PromotionRefused(f"{new} is marked for rebuild in the map: it is not a "
@@ -705,8 +706,11 @@ def _check_expected(res: Result, current: str, expect: str,
 
 
 def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m: ShardMap,
-             journal: dict[str, Any] | None, opts: Options) -> Result:
-    """The requested master is the master already: no change (and say so)."""
+             journal: dict[str, Any] | None, opts: Options, peer: str | None = None,
+             check: bool = False) -> Result:
+    """The requested master is the master already: no change (and say so), but for a
+    master that restarted read-only (:func:`_writable_again`). Called under the pair's
+    locks."""
     res.old_master = res.new_master = ranges[0].master
     res.map_after = m.table()
     res.steps.append("nothing to do: it is the master")
@@ -716,8 +720,7 @@ def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m:
     else:
         try:
             if _read_only(conn):
-                res.warnings.append(f"the master {res.new_master} is read_only: "
-                                    "writes to its ranges fail (run site.yml or investigate)")
+                _writable_again(res, conn, peer, opts, check)
         finally:
             _close(conn)
     frozen = [r for r in ranges if r.state == "frozen"]
@@ -727,6 +730,35 @@ def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m:
         res.next_step = ("rebuild the old master and re-attach it: ansible-playbook "
                          f"playbooks/rebuild-standby.yml -e pair={res.pair}")
     return res
+
+
+def _writable_again(res: Result, conn: Any, peer: str | None, opts: Options,
+                    check: bool) -> None:
+    """The map's master is read_only: it restarted (every node boots read-only, so that a
+    returning dead master takes no writes) and the map still names it. It takes writes
+    again when its peer is read-only or does not answer (nothing else in the pair can be
+    writable: the locks keep promotions out); with its peer writable the map and the
+    servers disagree and nothing is touched."""
+    master = res.new_master
+    if peer:
+        pconn, _ = try_connect(peer, opts)
+        if pconn is not None:
+            try:
+                if not _read_only(pconn):
+                    raise PromotionRefused(
+                        f"the map names {master} master of {res.pair}, but {master} is "
+                        f"read_only and its peer {peer} is writable: the map and the servers "
+                        "disagree; nothing changed. Look first (playbooks/fleet-status.yml)")
+            finally:
+                _close(pconn)
+    res.changed = True
+    if check:
+        res.steps.append(f"make the master {master} writable again: it is read_only (would)")
+        return
+    replication.set_read_only(conn, False)
+    res.steps.append(f"made the master {master} writable again: it was read_only "
+                     "(a restart: every node boots read-only)")
+    log.warning("promote %s: the master %s was read_only; made writable", res.pair, master)
 
 
 def _next_step(res: Result) -> str:
@@ -1504,6 +1536,8 @@ class _Rebuild:
         return [
             row("fenced_and_cleared", self._fenced, self._fence_and_clear,
                 f"{node} read_only=ON, replication stopped (would)"),
+            row("master_writable", self._master_writable, self._make_master_writable,
+                f"{master} read_only=OFF: the map names it master (would)"),
             row("copied", self._copied, self._copy_physical if physical else self._copy,
                 (f"copy {master}'s data directory to {node} with mariadb-backup (would)"
                  if physical else
@@ -1537,6 +1571,10 @@ class _Rebuild:
             and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
             for c in (self.nconn, self.mconn))
 
+    def _master_writable(self) -> bool:
+        """The master the map names takes writes (it is read_only after a restart)."""
+        return not _read_only(self.mconn)
+
     def _mark_cleared(self) -> bool:
         """No range of the pair marks the node for rebuild in the map."""
         m = self.run.store.read().map
@@ -1550,6 +1588,17 @@ class _Rebuild:
         return [str(r["n"]) for r in topology.dict_rows(
             conn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA WHERE "
                   "SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DB_RE,))]
+
+    def _make_master_writable(self) -> None:
+        """The map's master restarted since the emergency and booted read_only, as every
+        node does: writes to the pair fail (1290) until it is writable again. Safe here:
+        the rebuild holds the pair's locks and the only other node is fenced (the step
+        before)."""
+        replication.set_read_only(self.mconn, False)
+        self.res.warnings.append(
+            f"the master {self.master} was read_only (it restarted since the emergency: "
+            "every node boots read-only); made writable again, the map names it master")
+        self.run.step("master_writable")
 
     def _fence_and_clear(self) -> None:
         """The node read-only, both channels stopped, the node's shard databases dropped

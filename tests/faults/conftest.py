@@ -110,7 +110,8 @@ def split_servers(split_servers_kept):
     return split_servers_kept.heal()
 
 
-SEMISYNC = ["--read-only=ON", "--rpl-semi-sync-master-enabled=ON",
+# as the mysql role configures a pair's node: read-only at boot, no replica started at boot
+SEMISYNC = ["--read-only=ON", "--skip-slave-start", "--rpl-semi-sync-master-enabled=ON",
             "--rpl-semi-sync-slave-enabled=ON", "--rpl-semi-sync-master-timeout=1000",
             "--slave-net-timeout=5"]
 

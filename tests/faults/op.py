@@ -2,12 +2,22 @@
 
     python tests/faults/op.py '<json>'
 
-The JSON names the operation (``split``: ``Split.run("all")``, what playbooks/split.yml
-runs; ``promote``: ``promote.promote``, what playbooks/promote.yml runs) and its
-arguments (``die_after``: the name of a ``Split`` method after which the process
-SIGKILLs itself, for a named schedule). The process prints ``READY`` once its
-ZooKeeper session is up (the nemesis times its fault from there), then ``RESULT ok
-<summary>`` or ``RESULT error <type>: <message>`` (exit 3).
+The JSON names the operation and its arguments:
+
+* ``split``: ``Split.run("all")``, what playbooks/split.yml runs;
+* ``promote``: ``promote.promote`` (planned or emergency), what playbooks/promote.yml runs;
+* ``rebuild``: ``promote.rebuild_standby``, what playbooks/rebuild-standby.yml runs
+  (logical copy);
+* ``open_range``: what playbooks/open-range.yml runs: the range's shard databases on the
+  pair's master (``provision.ensure_shards``), the master writable, the range registered
+  open (``mapstore.change_ranges``, the ``shard_map`` module's call).
+
+``die_after``: the name of a ``Split`` method after which the process SIGKILLs itself
+(a named schedule). ``redirect``: ``{"host:port": "host:port"}``, the process's MySQL
+connections to the first go to the second (a proxy the nemesis can partition: the
+control node cut off from one server while the routers still reach it). The process
+prints ``READY`` once its ZooKeeper session is up (the nemesis times its fault from
+there), then ``RESULT ok <summary>`` or ``RESULT error <type>: <message>`` (exit 3).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 
 def die_after(cls: type, name: str) -> None:
@@ -33,8 +44,42 @@ def die_after(cls: type, name: str) -> None:
     setattr(cls, name, dying)
 
 
+def redirect(routes: dict[str, str]) -> None:
+    """Every library connection (``topology.connect``) to a key of *routes* goes to its
+    value instead."""
+    from shardfleet import topology
+
+    real = topology.connect
+
+    def connect(server: str, *a: Any, **kw: Any) -> Any:
+        return real(routes.get(server, server), *a, **kw)
+
+    topology.connect = connect  # type: ignore[assignment]
+
+
+def open_range(store: Any, spec: dict[str, Any]) -> str:
+    from shardfleet import mapstore, provision, replication, topology
+    from shardfleet.schema import default_schema
+
+    first, last = spec["range"]
+    conn = topology.connect(spec["master"], "root", spec["password"], timeout=2.0,
+                            read_timeout=30.0, client_flag=provision.multi_statement_flags())
+    try:
+        created = provision.ensure_shards(conn, list(range(first, last + 1)), default_schema(),
+                                          app_user=spec["app_user"])
+        replication.set_read_only(conn, False)
+    finally:
+        conn.close()
+    done = mapstore.change_ranges(store, "present", [
+        {"range": [first, last], "master": spec["master"], "standby": spec["standby"],
+         "state": "open"}])
+    return f"created={created!r:.60} map_changed={done.changed} version={done.version}"
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
+    if spec.get("redirect"):
+        redirect(spec["redirect"])
     from shardfleet import promote
     from shardfleet.mapstore import ZooKeeperMapStore
     from shardfleet.split import Credentials, Split, SplitSpec
@@ -52,11 +97,19 @@ def main() -> int:
                        creds, lock_timeout=float(spec.get("lock_timeout", 20.0))) as sp:
                 res = sp.run("all")
             summary = ", ".join(f"{r.step}{'*' if r.changed else ''}" for r in res)
-        else:
+        elif spec["op"] == "promote":
             opts = promote.Options(**spec["opts"])
             r = promote.promote(store, spec["pair"], spec["nodes"], mode=spec["mode"],
                                 expect_master=spec.get("expect_master"), opts=opts)
             summary = f"changed={r.changed} resumed={r.resumed} steps={','.join(r.steps)}"
+        elif spec["op"] == "rebuild":
+            r = promote.rebuild_standby(store, spec["pair"], spec["nodes"],
+                                        opts=promote.Options(**spec["opts"]))
+            summary = f"changed={r.changed} steps={','.join(r.steps)}"
+        elif spec["op"] == "open_range":
+            summary = open_range(store, spec)
+        else:
+            raise ValueError(f"unknown operation {spec['op']!r}")
     except Exception as exc:  # noqa: BLE001 - reported to the campaign, which judges it
         print(f"RESULT error {type(exc).__name__}: {' '.join(str(exc).split())}", flush=True)
         return 3

@@ -71,11 +71,17 @@ def both_ways(a: MariaDBServer, b: MariaDBServer) -> None:
         assert count_marked(dst, mark, "db00002") == 1, f"{src.address} -> {dst.address}"
 
 
-def rebuild_and_check(zk_store, pair_, old: MariaDBServer, new: MariaDBServer) -> None:
+def rebuild_and_check(zk_store, pair_, old: MariaDBServer, new: MariaDBServer,
+                      new_restarted: bool = False) -> None:
     if not old.running:
         old.start()
     rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair_), opts=ropts())
-    assert rr.changed and not rr.warnings, rr.to_dict()
+    assert rr.changed, rr.to_dict()
+    # a new master that restarted booted read-only: the rebuild makes it writable again
+    assert rr.warnings == ([f"the master {new.address} was read_only (it restarted since "
+                            "the emergency: every node boots read-only); made writable "
+                            "again, the map names it master"] if new_restarted else []), \
+        rr.warnings
     m = zk_store.read().map
     assert all(r.master == new.address and r.standby == old.address
                and "rebuild" not in r.extra for r in m.ranges), m.dumps()
@@ -167,14 +173,72 @@ def test_emergency_removes_the_channel_and_rebuild_recreates_it(pair, zk_store):
     master.start()
     standby.stop()
     standby.start()
-    standby.sql("SET GLOBAL read_only=OFF")  # it boots read_only like every node
+    # it boots read_only like every node: the rebuild makes it writable again
     rows = standby.sql("SHOW ALL SLAVES STATUS")
     if rows:  # (the defect) let it replicate what it would
         standby.sql("SELECT MASTER_GTID_WAIT(%s, 15)", (tail,))
     assert rows == [], "a channel came back after the restart"
     assert count_marked(standby, mark) == 0, "the old master's tail reached the new master"
-    rebuild_and_check(zk_store, pair, master, standby)
+    rebuild_and_check(zk_store, pair, master, standby, new_restarted=True)
     assert count_marked(master, mark) == 0, "the rebuilt node kept its tail"
+
+
+def test_a_new_master_restarted_before_the_rebuild_is_made_writable_by_it(pair, zk_store,
+                                                                         writer_store):
+    """Found by the fault campaign (seeds 3003, 3009, fault restart_new): the new master
+    restarts after the emergency and boots read_only, as every node does; the map names it
+    master, so every write to the pair fails with 1290. The rebuild, the command the
+    runbook names after an emergency, used to finish "nothing required" with the pair
+    still read-only. It makes the map's master writable once the node it rebuilds is
+    fenced, and says so."""
+    master, standby = roles(pair)
+    master.kill()
+    promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    standby.kill()
+    master.start()
+    standby.start()
+    assert standby.sql("SELECT @@GLOBAL.read_only")[0][0] == 1, "it boots read-only"
+    rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts())
+    assert rr.changed and "master_writable" in rr.steps, rr.to_dict()
+    assert any("read_only" in w and standby.address in w for w in rr.warnings), rr.warnings
+    assert roles(pair) == (standby, master), "the map's master is not the writable node"
+    w = tp.Writer(writer_store, max_seconds=30).start()
+    try:
+        assert w.wait_acks(20), f"the pair takes no writes: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    both_ways(master, standby)
+    # a rerun changes nothing
+    assert promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts()).changed is False
+
+
+def test_a_restarted_master_is_made_writable_by_promoting_it_to_itself(pair, zk_store):
+    """The map's master restarts (a reboot, no promotion) and boots read_only: the
+    promotion to the current master (promote.yml -e promote_master=<it>) makes it writable
+    again under the pair's locks, since its peer is read-only; with its peer writable it
+    refuses to touch either."""
+    master, standby = roles(pair)
+    master.stop()
+    master.start()
+    wait_applied(standby, master)
+    assert master.sql("SELECT @@GLOBAL.read_only")[0][0] == 1
+    master.sql("START SLAVE")  # the mysql role starts a stopped replica
+    res = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
+    assert res.changed and any("writable" in s for s in res.steps), res.to_dict()
+    assert roles(pair) == (master, standby)
+    again = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
+    assert not again.changed and not again.warnings, again.to_dict()
+    # the peer writable too: refused, nothing touched
+    master.sql("SET GLOBAL read_only=ON")
+    standby.sql("SET GLOBAL read_only=OFF")
+    try:
+        with pytest.raises(PromotionRefused, match="writable"):
+            promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
+        assert master.sql("SELECT @@GLOBAL.read_only")[0][0] == 1
+    finally:
+        standby.sql("SET GLOBAL read_only=ON")
+        master.sql("SET GLOBAL read_only=OFF")
+    both_ways(master, standby)
 
 
 def test_rebuild_refuses_without_the_replication_password(pair, zk_store):

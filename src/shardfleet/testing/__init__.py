@@ -2,14 +2,18 @@
 
 Each server runs from Debian's packages with a temporary data directory on a
 free port of 127.0.0.1, and is stopped (and its directory removed) on ``stop()``.
+:class:`ZooKeeperEnsemble` runs a ZooKeeper quorum (three members by default).
 """
 
 from shardfleet.testing.servers import (
     MariaDBServer,
     MemcachedServer,
     RedisServer,
+    ZooKeeperEnsemble,
+    ZooKeeperMember,
     ZooKeeperServer,
     free_port,
 )
 
-__all__ = ["MariaDBServer", "MemcachedServer", "RedisServer", "ZooKeeperServer", "free_port"]
+__all__ = ["MariaDBServer", "MemcachedServer", "RedisServer", "ZooKeeperEnsemble",
+           "ZooKeeperMember", "ZooKeeperServer", "free_port"]

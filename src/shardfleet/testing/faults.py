@@ -6,6 +6,12 @@ next client packet larger than a threshold (a map write is kilobytes; pings and
 small reads are tens of bytes), waits until the server has had time to apply it,
 then closes both sides without forwarding the server's answer: the server applied
 the request, the client sees a lost connection. New connections work as before.
+
+:meth:`ReplyLosingProxy.partition` turns it into a partition between its clients and the
+server: while on, nothing is forwarded either way and new connections are accepted and
+never answered (a blackhole: clients wait out their own timeouts, as across a real
+network partition); healing cuts every connection held so far, and new connections are
+forwarded again.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class ReplyLosingProxy:
         self._lock = threading.Lock()
         self.lost = threading.Event()
         self.refusing = False
+        self.partitioned = False
         self._stop = threading.Event()
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, name="sf-proxy-accept", daemon=True).start()
@@ -56,6 +63,13 @@ class ReplyLosingProxy:
         if on:
             self._cut_all()
 
+    def partition(self, on: bool) -> None:
+        """While on, forward nothing and answer no new connection; off: cut every
+        connection (those held across the partition are dead to their clients)."""
+        self.partitioned = on
+        if not on:
+            self._cut_all()
+
     def _cut_all(self) -> None:
         for s in list(self._conns):
             try:
@@ -72,6 +86,9 @@ class ReplyLosingProxy:
                 return
             if self.refusing:
                 client.close()
+                continue
+            if self.partitioned:
+                self._conns.append(client)  # held, never answered, cut when healed
                 continue
             try:
                 server = socket.create_connection(self.target, timeout=5)
@@ -91,6 +108,8 @@ class ReplyLosingProxy:
                     data = s.recv(65536)
                     if not data:
                         return
+                    if self.partitioned:
+                        continue  # lost in the partition
                     if s is client:
                         with self._lock:
                             armed = 0 < self._armed_min <= len(data)

@@ -184,27 +184,31 @@ class Writer:
     of operations that update an object this thread created (read-modify-write), the
     rest create. ``ack_times`` and the helpers below measure stalls (a promotion's).
     *stores*: thread *n* writes through ``stores[n % len(stores)]`` (several routers)
-    instead of *store*. Every create's body carries its history index (``op``)."""
+    instead of *store*. Every create's body carries its history index (``op``).
+    *joining*: another writer whose log and history this one writes into (its threads
+    numbered after that writer's), e.g. a router added halfway through a run."""
 
     def __init__(self, store: Store, shards: list[int] | None, *, threads: int = 3,
                  seconds: float = 60.0, max_ops: int = 20_000, seed: int = 7,
                  pause: float = 0.0, updates: float = 0.5,
-                 stores: Sequence[Store] | None = None) -> None:
+                 stores: Sequence[Store] | None = None,
+                 joining: Writer | None = None) -> None:
         self.store, self.shards = store, shards
         self.stores = list(stores) if stores else [store]
         self.threads, self.seconds, self.max_ops = threads, seconds, max_ops
         self.pause = pause  # seconds each thread sleeps between operations
         self.updates = updates
-        self.ack_times: list[float] = []
-        self.log = WriterLog()
+        self.ack_times: list[float] = joining.ack_times if joining else []
+        self.log: WriterLog = joining.log if joining else WriterLog()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock: threading.Lock = joining._lock if joining else threading.Lock()
+        self._first: int = (joining._first + joining.threads) if joining else 0
         self._workers: list[threading.Thread] = []
         self._rng = random.Random(seed)
         self.ops = 0
 
     def start(self) -> Writer:
-        for i in range(self.threads):
+        for i in range(self._first, self._first + self.threads):
             t = threading.Thread(target=self._run, args=(i,), name=f"writer-{i}", daemon=True)
             t.start()
             self._workers.append(t)
@@ -250,7 +254,7 @@ class Writer:
 
     def _run(self, n: int) -> None:
         rng = random.Random(n)
-        store = self.stores[n % len(self.stores)]
+        store = self.stores[(n - self._first) % len(self.stores)]
         history = self.log.history
         mine: list[int] = []
         deadline = time.monotonic() + self.seconds

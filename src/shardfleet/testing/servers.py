@@ -1,9 +1,11 @@
-"""Start and stop MariaDB, ZooKeeper, Redis and memcached on 127.0.0.1 for tests."""
+"""Start and stop MariaDB, ZooKeeper (standalone or a quorum), Redis and memcached on
+127.0.0.1 for tests."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -53,9 +55,18 @@ class _Process:
         return f"{HOST}:{self.port}"
 
     def _spawn(self, argv: list[str], timeout: float = 60.0, **kw: Any) -> None:
+        self._launch(argv, **kw)
+        self._wait_listening(timeout)
+
+    def _launch(self, argv: list[str], **kw: Any) -> None:
+        """Start the process without waiting for it (see :meth:`_wait_listening`)."""
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+
+    def _wait_listening(self, timeout: float) -> None:
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} on {self.address} is not started")
         _wait_port(self.port, self.proc, timeout, self.name, self.log)
 
     def stop(self, remove: bool = False) -> None:
@@ -161,32 +172,92 @@ class MariaDBServer(_Process):
             conn.close()
 
 
+# Both are dependencies of Debian's libzookeeper-java. Without a binding on the class
+# path SLF4J drops every message (and no zk.log is written); with these ZooKeeper logs
+# through log4j 1.2, configured by the log4j.properties in the server's conf/.
+_ZK_LOG_JARS = ("/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar")
+_ZK_JAR = "/usr/share/java/zookeeper.jar"
+_MODE = re.compile(r"^Mode: (\w+)", re.M)
+SERVING = ("leader", "follower")
+
+
+def four_letter(port: int, command: str, timeout: float = 2.0) -> str:
+    """Send a ZooKeeper four-letter command to 127.0.0.1:*port*; its whole reply."""
+    chunks = []
+    with socket.create_connection((HOST, port), timeout=timeout) as s:
+        s.sendall(command.encode())
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
 class ZooKeeperServer(_Process):
-    """A standalone ZooKeeper (Debian's package) on a free port."""
+    """A standalone ZooKeeper (Debian's package) on a free port.
+
+    The JVM's output goes to ``server.log`` (:attr:`log`), ZooKeeper's own log to
+    ``zk.log``; both are in :attr:`dir`, which is kept across ``stop()``/``start()``.
+    """
 
     name = "zookeeper"
+    heap = "128m"
+    log_level = "WARN"
+    whitelist = "ruok,srvr,mntr"
 
     def start(self, timeout: float = 60.0) -> ZooKeeperServer:
+        self.launch()
+        self._wait_listening(timeout)
+        self._wait_ok(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Write the configuration and start the JVM, without waiting for it."""
+        if self.running:
+            raise RuntimeError(f"{self.name} on {self.address} is already running")
         data = self.dir / "data"
         data.mkdir(exist_ok=True)
         conf = self.dir / "conf"
         conf.mkdir(exist_ok=True)
-        (conf / "zoo.cfg").write_text(
-            f"tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={data}\n"
-            f"clientPort={self.port}\nclientPortAddress={HOST}\nadmin.enableServer=false\n"
-            "4lw.commands.whitelist=ruok,srvr,mntr\nmaxClientCnxns=200\n")
+        (conf / "zoo.cfg").write_text(self._config(data))
         (conf / "log4j.properties").write_text(
-            "log4j.rootLogger=WARN, F\nlog4j.appender.F=org.apache.log4j.FileAppender\n"
+            f"log4j.rootLogger={self.log_level}, F\n"
+            "log4j.appender.F=org.apache.log4j.FileAppender\n"
             f"log4j.appender.F.File={self.dir / 'zk.log'}\n"
             "log4j.appender.F.layout=org.apache.log4j.PatternLayout\n"
             "log4j.appender.F.layout.ConversionPattern=%d %p %c: %m%n\n")
-        argv = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-Xshare:auto",
-                "-Dzookeeper.admin.enableServer=false",
-                "-cp", f"{conf}:/usr/share/java/zookeeper.jar",
+        classpath = [str(conf), _ZK_JAR, *(j for j in _ZK_LOG_JARS if os.path.exists(j))]
+        argv = ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Xshare:auto",
+                *self._jvm_options(),
+                "-Dzookeeper.admin.enableServer=false", "-Dzookeeper.jmx.log4j.disable=true",
+                "-cp", ":".join(classpath),
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf / "zoo.cfg")]
-        self._spawn(argv, timeout)
-        self._wait_ok(timeout)
-        return self
+        self._launch(argv)
+
+    def _config(self, data: Path) -> str:
+        return (f"tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={data}\n"
+                f"clientPort={self.port}\nclientPortAddress={HOST}\nadmin.enableServer=false\n"
+                f"4lw.commands.whitelist={self.whitelist}\nmaxClientCnxns=200\n")
+
+    def _jvm_options(self) -> list[str]:
+        return []
+
+    def mode(self, timeout: float = 2.0) -> str | None:
+        """``leader``, ``follower`` or ``standalone`` as ``srvr`` reports it; None when
+        the server does not answer or is not serving (no quorum, election running)."""
+        try:
+            m = _MODE.search(four_letter(self.port, "srvr", timeout))
+        except OSError:
+            return None
+        return m.group(1) if m else None
 
     def _wait_ok(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -200,6 +271,173 @@ class ZooKeeperServer(_Process):
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"ZooKeeper on {self.address} never answered imok")
+
+
+class ZooKeeperMember(ZooKeeperServer):
+    """One member of a :class:`ZooKeeperEnsemble`: *myid* and client, quorum and
+    election ports. :attr:`peers` (every member's ``myid: (quorum, election)``) is set
+    by the ensemble before the member starts. Its data, ports and logs stay the same
+    across restarts."""
+
+    heap = "96m"
+    whitelist = "ruok,srvr,mntr,stat"
+
+    def __init__(self, base: str | Path | None, myid: int, ports: tuple[int, int, int], *,
+                 init_limit: int = 20, sync_limit: int = 10, log_level: str = "INFO") -> None:
+        if myid < 1:
+            raise ValueError(f"myid {myid} must be at least 1")
+        self.name = f"zookeeper{myid}"
+        super().__init__(base)
+        self.myid = myid
+        self.port, self.quorum_port, self.election_port = ports
+        self.peers: dict[int, tuple[int, int]] = {myid: (self.quorum_port, self.election_port)}
+        self.init_limit = init_limit
+        self.sync_limit = sync_limit
+        self.log_level = log_level
+
+    def _config(self, data: Path) -> str:
+        (data / "myid").write_text(f"{self.myid}\n")
+        servers = "".join(f"server.{n}={HOST}:{q}:{e}\n"
+                          for n, (q, e) in sorted(self.peers.items()))
+        return (f"tickTime=500\ninitLimit={self.init_limit}\nsyncLimit={self.sync_limit}\n"
+                f"dataDir={data}\nclientPort={self.port}\nclientPortAddress={HOST}\n"
+                f"admin.enableServer=false\n4lw.commands.whitelist={self.whitelist}\n"
+                "maxClientCnxns=200\nstandaloneEnabled=false\nreconfigEnabled=false\n"
+                f"{servers}")
+
+    def _jvm_options(self) -> list[str]:
+        # C1 only: a test server needs a quick start more than peak throughput
+        return ["-XX:TieredStopAtLevel=1"]
+
+    def start(self, timeout: float = 120.0) -> ZooKeeperMember:
+        """Start this member alone and wait until it serves as leader or follower (which
+        needs a quorum of its peers running); :meth:`ZooKeeperEnsemble.start_member` is
+        the usual way."""
+        deadline = time.monotonic() + timeout
+        self.launch()
+        self._wait_listening(timeout)
+        while self.mode() not in SERVING:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                   f"{_tail(self.dir / 'zk.log')}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{self.name} on {self.address} did not join a quorum "
+                                   f"within {timeout}s")
+            time.sleep(0.2)
+        return self
+
+
+class ZooKeeperEnsemble:
+    """A ZooKeeper quorum of *size* host processes on 127.0.0.1 (like kazoo.testing's
+    harness): ``ZooKeeperEnsemble(base).start()``.
+
+    :attr:`address` is the client host string of all members; :attr:`members` are
+    :class:`ZooKeeperMember` objects (``.address``, ``.port``, ``.dir``, ``.log``,
+    ``.running``; ZooKeeper's log is ``zk.log`` in each ``.dir``). Every wait is
+    bounded and polls ``srvr``.
+    """
+
+    def __init__(self, base: str | Path | None = None, size: int = 3, *,
+                 init_limit: int = 20, sync_limit: int = 10, log_level: str = "INFO") -> None:
+        if size < 1:
+            raise ValueError(f"an ensemble needs at least one member, not {size}")
+        self.dir = Path(tempfile.mkdtemp(prefix="sf-zkensemble-", dir=base))
+        used: set[int] = set()
+
+        def port() -> int:
+            while (p := free_port()) in used:
+                pass
+            used.add(p)
+            return p
+
+        self.members = [
+            ZooKeeperMember(self.dir, i + 1, (port(), port(), port()), init_limit=init_limit,
+                            sync_limit=sync_limit, log_level=log_level)
+            for i in range(size)]
+        peers = {m.myid: (m.quorum_port, m.election_port) for m in self.members}
+        for m in self.members:
+            m.peers = dict(peers)
+
+    @property
+    def address(self) -> str:
+        return ",".join(m.address for m in self.members)
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop(remove=True)
+
+    def start(self, timeout: float = 120.0) -> ZooKeeperEnsemble:
+        """Start every member at once and wait until they serve as a quorum."""
+        deadline = time.monotonic() + timeout
+        try:
+            for m in self.members:
+                m.launch()
+            for m in self.members:
+                m._wait_listening(max(0.1, deadline - time.monotonic()))
+            self.wait_quorum(max(0.1, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()  # keep the directories (and logs) for a look
+            raise
+        return self
+
+    def modes(self) -> list[str | None]:
+        """Each member's ``srvr`` mode (None: down or not serving)."""
+        return [m.mode() if m.running else None for m in self.members]
+
+    def wait_quorum(self, timeout: float = 120.0) -> int:
+        """Wait until every running member serves as leader or follower, exactly one is
+        the leader and they are a majority; return the leader's index."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for m in self.members:
+                if m.proc is not None and m.proc.poll() is not None:
+                    raise RuntimeError(f"{m.name} exited with {m.proc.returncode}:\n"
+                                       f"{_tail(m.log)}{_tail(m.dir / 'zk.log')}")
+            modes = self.modes()
+            running = [i for i, m in enumerate(self.members) if m.running]
+            leaders = [i for i, mode in enumerate(modes) if mode == "leader"]
+            if (len(running) > len(self.members) // 2 and len(leaders) == 1
+                    and all(modes[i] in SERVING for i in running)):
+                return leaders[0]
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"ZooKeeper ensemble {self.address} has no quorum after {timeout}s "
+                    f"(modes {modes}); logs in {self.dir}")
+            time.sleep(0.2)
+
+    def leader(self, timeout: float = 60.0) -> int:
+        """The index in :attr:`members` of the current leader (waits for a quorum)."""
+        return self.wait_quorum(timeout)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL member *i*."""
+        self.members[i].kill()
+
+    def stop_member(self, i: int) -> None:
+        """Stop member *i* (SIGTERM), keeping its data."""
+        self.members[i].stop()
+
+    def start_member(self, i: int, timeout: float = 120.0) -> ZooKeeperMember:
+        """Restart member *i* with its data and ports; wait until it serves again as
+        leader or follower in a quorum."""
+        m = self.members[i]
+        deadline = time.monotonic() + timeout
+        m.launch()
+        m._wait_listening(timeout)
+        self.wait_quorum(max(0.1, deadline - time.monotonic()))
+        return m
+
+    def stop(self, remove: bool = False) -> None:
+        """Stop every member (all at once); remove the directories if *remove*."""
+        for m in self.members:
+            if m.running and m.proc is not None:
+                m.proc.terminate()
+        for m in self.members:
+            m.stop()
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class RedisServer(_Process):
