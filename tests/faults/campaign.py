@@ -19,7 +19,9 @@ run's seed, the documented recovery alone, then the checker. The faults:
 * ``stale_router`` a router started from the cache file another router wrote before the
                    operation, with ZooKeeper unreachable from it, writes beside the others;
 * ``restart_new``  (emergency) the new master SIGKILLed and started again, with the old
-                   master back.
+                   master back;
+* ``zk_leader``    the ZooKeeper ensemble's leader SIGKILLed (a new one is elected), and
+                   started again a while later.
 
 Faults after the instant the operation already finished still happen (but for
 ``kill``, ``lost_reply`` and ``second_op``, which need it running): a partition or a
@@ -60,6 +62,7 @@ from shardfleet.testing.nemesis import (
     failure_dir,
     keep_logs,
 )
+from shardfleet.testing.origins import MapTimeline, check_origins, rotate
 
 OP_SCRIPT = Path(__file__).with_name("op.py")
 # ZooKeeper as a router cut off from it sees it: nothing listens on port 1
@@ -120,7 +123,7 @@ class Run:
                 "min_bytes": self.rng.choice((48, 96, 200, 400)),
                 "apply_wait": self.rng.choice((0.05, 0.3)),
                 "lock_timeout": self.rng.choice((0.5, 5.0)),
-                "lasting": self.rng.choice((0.5, 2.0, 4.0))}
+                "lasting": self.rng.choice((0.5, 1.0, 2.5))}
 
     def fail_if_problems(self, log: WriterLog | None, servers: dict[str, Any],
                          op_logs: list[Path]) -> None:
@@ -142,6 +145,11 @@ class Run:
                     pytrace=False)
 
 
+def zk_servers(ensemble: Any) -> dict[str, Any]:
+    """The ensemble's members by name, for the logs a failing run keeps."""
+    return {f"zk{i + 1}": m for i, m in enumerate(ensemble.members)}
+
+
 def oneline(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
@@ -154,12 +162,15 @@ def router(zk: str, cluster: str, cache: Path, frozen_wait: float = 8.0,
 
 
 class Scene:
-    """The writer of one run (three threads through two routers, one history) and the
-    routers a fault adds (:meth:`stale_router`)."""
+    """The writer of one run (three threads through two routers, one history), the routers
+    a fault adds (:meth:`stale_router`), and the map's timeline with the binary logs the
+    run starts from, for the check of who accepted each write (:meth:`origin_problems`)."""
 
     def __init__(self, run: Run, zk: str, cluster: str, shards: list[int], tmp: Path,
-                 frozen_wait: float = 8.0) -> None:
-        self.run, self.tmp = run, tmp
+                 servers: list[MariaDBServer], frozen_wait: float = 8.0) -> None:
+        self.run, self.tmp, self.servers = run, tmp, servers
+        self.skip = {s.address: rotate(s) for s in servers}
+        self.timeline = MapTimeline.for_cluster(zk, cluster).start()
         self.routers = [router(zk, cluster, tmp / f"map{i}.json", frozen_wait)
                         for i in range(2)]
         self.stores = [Store(r) for r in self.routers]
@@ -196,10 +207,17 @@ class Scene:
             self.run.problems.append(f"writes did not resume after the recovery: "
                                      f"{self.writer.errors[-3:]}")
 
+    def origin_problems(self, log: WriterLog) -> list[str]:
+        """Writes accepted by a server the map had stopped naming (their own binary logs
+        against the map's timeline; :mod:`shardfleet.testing.origins`)."""
+        return check_origins(self.timeline, log.history, self.servers, log.tag,
+                             skip=self.skip)
+
     def stop(self) -> WriterLog:
         for _, _, w in self.extra:
             w.stop()
         log = self.writer.stop()
+        self.timeline.stop()
         for r, s, _ in self.extra:
             s.close()
             r.close()
@@ -242,6 +260,7 @@ class Faults:
     busy: MariaDBServer | None = None              # the master for too_many
     second: Callable[[], tuple[str, bool]] | None = None
     restart: Callable[[], None] | None = None      # restart_new
+    zk: Any = None                                 # the ensemble, for zk_leader
 
 
 NEEDS_RUNNING = ("kill", "lost_reply", "second_op")
@@ -300,6 +319,15 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
         finally:
             release_connections(held)
         run.schedule.note("master takes connections again", op_running=proc.running)
+    elif fault == "zk_leader":
+        assert f.zk is not None
+        leader = f.zk.leader()
+        f.zk.kill(leader)
+        run.schedule.note("ZooKeeper leader SIGKILLed", at=plan["at"], member=leader + 1,
+                          lasting=plan["lasting"], op_running=proc.running)
+        _sleep_while(plan["lasting"])
+        f.zk.start_member(leader)
+        run.schedule.note("ZooKeeper member back", member=leader + 1, op_running=proc.running)
     elif fault == "stale_router":
         scene.stale_router()
     elif fault == "restart_new":
@@ -348,4 +376,4 @@ def op_spec(base: dict[str, Any], zk: str, zk_proxy: ReplyLosingProxy | None,
 
 __all__ = ["DEFAULT_RUNS", "Faults", "OP_SCRIPT", "Run", "Scene", "WEIGHTS", "end_operation",
            "hold_connections", "inject", "keep_logs", "oneline", "op_spec", "proxies",
-           "release_connections", "router", "seeds"]
+           "release_connections", "router", "seeds", "zk_servers"]

@@ -1,7 +1,7 @@
 """Servers for the fault campaign: host processes on 127.0.0.1 started as the integration
-tier starts them (:mod:`shardfleet.testing`, the kit): one ZooKeeper; a split source and
-a target pair (the kit's :class:`SplitFleet`); a promotion pair with semi-sync on, as the
-``mysql`` role configures one."""
+tier starts them (:mod:`shardfleet.testing`, the kit): a 3-node ZooKeeper ensemble; a
+split source and a target pair (the kit's :class:`SplitFleet`); a promotion pair with
+semi-sync on, as the ``mysql`` role configures one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from shardfleet import provision
 from shardfleet.schema import default_schema
-from shardfleet.testing import MariaDBServer, ZooKeeperServer
+from shardfleet.testing import MariaDBServer, ZooKeeperEnsemble
 from shardfleet.testing.kit import APP_USER, make_server, pair_up, wait_pair_synced
 
 from .checks import both_ways, read_only
@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory):
-    zk = ZooKeeperServer(tmp_path_factory.mktemp("zk")).start()
+    zk = ZooKeeperEnsemble(tmp_path_factory.mktemp("zk"), size=3).start()
     yield zk
     zk.stop(remove=True)
 

@@ -44,11 +44,13 @@ from .campaign import (
     op_spec,
     proxies,
     seeds,
+    zk_servers,
 )
 from .conftest import PROMOTE_SHARDS
 
 PAIR = "pair041"
-PLANNED_FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router")
+PLANNED_FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router",
+                  "zk_leader")
 EMERGENCY_FAULTS = ("kill", "lost_reply", "second_op", "restart_new", "stale_router",
                     "partition")
 # Windows the fault's instant is drawn from (seconds after the operation is ready): a
@@ -177,7 +179,7 @@ def recover_rebuild(run: Run, store: ZooKeeperMapStore, nodes: list[str]) -> boo
 
 def check_pair(run: Run, store: ZooKeeperMapStore, pair: tuple[MariaDBServer, ...],
                log: WriterLog, servers: dict[str, Any], zookeeper: Any, tmp_path: Path,
-               ) -> None:
+               scene: Scene) -> None:
     """The checker of a promotion run (see the module docstring)."""
     nodes = [s.address for s in pair]
     m = store.read().map
@@ -197,6 +199,7 @@ def check_pair(run: Run, store: ZooKeeperMapStore, pair: tuple[MariaDBServer, ..
     run.problems += checks.in_flight_problems(store)
     run.problems += checks.both_ways(*pair)
     run.problems += check_history(m, servers, PROMOTE_SHARDS, log.history, log.tag)
+    run.problems += scene.origin_problems(log)
     try:
         a, b = pair
         wait_pair_synced(a, b)
@@ -216,13 +219,13 @@ def test_planned_promotion_under_a_fault(seed, promote_pair, promote_store, zook
     run = Run("planned", seed, PLANNED_FAULTS)
     master, standby = roles(promote_pair)
     nodes = [s.address for s in promote_pair]
-    servers = {s.address: s for s in promote_pair} | {"zookeeper": zookeeper}
+    servers = {s.address: s for s in promote_pair} | zk_servers(zookeeper)
     plan = run.draw(PLANNED_WINDOW)
     run.schedule.note("plan", **plan, cluster=promote_store.cluster, master=master.address)
     scene = Scene(run, zookeeper.address, promote_store.cluster, PROMOTE_SHARDS, tmp_path,
-                  frozen_wait=10.0)
+                  list(promote_pair), frozen_wait=10.0)
     op_log = tmp_path / "operation.log"
-    with proxies(plan, zookeeper.port, master) as (zk_proxy, sql_proxy):
+    with proxies(plan, zookeeper.members[0].port, master) as (zk_proxy, sql_proxy):
         try:
             scene.start()
             scene.keep_cache()
@@ -233,7 +236,7 @@ def test_planned_promotion_under_a_fault(seed, promote_pair, promote_store, zook
             proc = OpProcess(OP_SCRIPT, spec, op_log)
             run.schedule.note("promotion started")
             inject(run, proc, plan, scene, Faults(
-                zk_proxy=zk_proxy, sql_proxy=sql_proxy, busy=master,
+                zk_proxy=zk_proxy, sql_proxy=sql_proxy, busy=master, zk=zookeeper,
                 second=lambda: second_promotion(promote_store, nodes, "planned",
                                                 master.address, plan["lock_timeout"])))
             end_operation(run, proc, zk_proxy)
@@ -242,7 +245,7 @@ def test_planned_promotion_under_a_fault(seed, promote_pair, promote_store, zook
         finally:
             log = scene.stop()
     run.schedule.note("checking", ops=len(log.history.completions()))
-    check_pair(run, promote_store, promote_pair, log, servers, zookeeper, tmp_path)
+    check_pair(run, promote_store, promote_pair, log, servers, zookeeper, tmp_path, scene)
     run.fail_if_problems(log, servers, [op_log])
 
 
@@ -252,10 +255,10 @@ def emergency_run(run: Run, plan: dict[str, Any], pair: tuple[MariaDBServer, ...
     the rebuild; the fault in the phase *plan* names; each phase's recovery; the checker."""
     master, standby = roles(pair)
     nodes = [s.address for s in pair]
-    servers = {s.address: s for s in pair} | {"zookeeper": zookeeper}
+    servers = {s.address: s for s in pair} | zk_servers(zookeeper)
     run.schedule.note("plan", **plan, cluster=store.cluster, master=master.address)
     scene = Scene(run, zookeeper.address, store.cluster, PROMOTE_SHARDS, tmp_path,
-                  frozen_wait=10.0)
+                  list(pair), frozen_wait=10.0)
     logs = [tmp_path / "emergency.log", tmp_path / "rebuild.log"]
 
     def restart_new() -> None:
@@ -267,7 +270,7 @@ def emergency_run(run: Run, plan: dict[str, Any], pair: tuple[MariaDBServer, ...
     def phase(name: str, base: dict[str, Any], proxy_to: MariaDBServer,
               second: Any, op_log: Path) -> None:
         p = plan if plan["phase"] == name else dict(plan, fault="none")
-        with proxies(p, zookeeper.port, proxy_to) as (zk_proxy, sql_proxy):
+        with proxies(p, zookeeper.members[0].port, proxy_to) as (zk_proxy, sql_proxy):
             spec = op_spec(base, zookeeper.address, zk_proxy, sql_proxy, proxy_to)
             proc = OpProcess(OP_SCRIPT, spec, op_log)
             run.schedule.note(f"{name} started")
@@ -305,7 +308,7 @@ def emergency_run(run: Run, plan: dict[str, Any], pair: tuple[MariaDBServer, ...
             if not s.running:
                 s.start()
     run.schedule.note("checking", ops=len(log.history.completions()))
-    check_pair(run, store, pair, log, servers, zookeeper, tmp_path)
+    check_pair(run, store, pair, log, servers, zookeeper, tmp_path, scene)
     run.fail_if_problems(log, servers, logs)
 
 
@@ -318,4 +321,16 @@ def test_emergency_promotion_and_rebuild_under_a_fault(seed, promote_pair, promo
         else run.rng.choice(("emergency", "rebuild"))
     if plan["phase"] == "rebuild":
         plan["at"] = round(plan["at"] * REBUILD_WINDOW / EMERGENCY_WINDOW, 3)
+    emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)
+
+
+# Named schedule, found by seeds 3003 and 3009 (fixed in promote.py, the rebuild's step
+# master_writable): the new master restarted right after the emergency, the old master
+# back; the new master booted read_only as every node does, the map named it master, and
+# the rebuild finished "nothing required" with every write to the pair failing (1290).
+def test_emergency_then_the_new_master_restarts_with_the_old_one_back(
+        promote_pair, promote_store, zookeeper, tmp_path):
+    run = Run("emergency-new-master-restarted", 3003, EMERGENCY_FAULTS)
+    plan = dict(run.draw(EMERGENCY_WINDOW), fault="restart_new", phase="emergency",
+                at=60.0)  # restart_new waits for the emergency to end, then restarts
     emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)

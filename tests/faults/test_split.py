@@ -30,9 +30,11 @@ from .campaign import (
     op_spec,
     proxies,
     seeds,
+    zk_servers,
 )
 
-FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router")
+FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router",
+          "zk_leader")
 # The window the fault's instant is drawn from (seconds after the operation's process is
 # ready): a little longer than a split of 16 shards under the writer on a quiet 2-core
 # machine (1.1-1.4 s), so most draws land inside it and a few after it.
@@ -95,11 +97,12 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
               split_servers: tuple[MariaDBServer, ...], zookeeper: Any, tmp_path: Path) -> None:
     """One split under the writer, the fault of *plan*, the recovery, the checker."""
     src, tgt, sb = split_servers
-    servers = {s.address: s for s in split_servers} | {"zookeeper": zookeeper}
+    servers = {s.address: s for s in split_servers} | zk_servers(zookeeper)
     run.schedule.note("plan", **plan, cluster=fleet.cluster)
-    scene = Scene(run, zookeeper.address, fleet.cluster, ALL_SHARDS, tmp_path)
+    scene = Scene(run, zookeeper.address, fleet.cluster, ALL_SHARDS, tmp_path,
+                  list(split_servers))
     op_log = tmp_path / "operation.log"
-    with proxies(plan, zookeeper.port, src) as (zk_proxy, sql_proxy):
+    with proxies(plan, zookeeper.members[0].port, src) as (zk_proxy, sql_proxy):
         try:
             scene.start()
             scene.keep_cache()
@@ -111,7 +114,7 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
             proc = OpProcess(OP_SCRIPT, spec, op_log)
             run.schedule.note("split started")
             inject(run, proc, plan, scene, Faults(
-                zk_proxy=zk_proxy, sql_proxy=sql_proxy, busy=src,
+                zk_proxy=zk_proxy, sql_proxy=sql_proxy, busy=src, zk=zookeeper,
                 second=lambda: second_split(fleet, plan.get("lock_timeout", 5.0))))
             end_operation(run, proc, zk_proxy)
             if recover_split(run, fleet):
@@ -130,6 +133,7 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
     run.problems += checks.both_ways(tgt, sb)
     run.schedule.note("checked: map, journals, both ways")
     run.problems += check_history(m, servers, ALL_SHARDS, log.history, log.tag)
+    run.problems += scene.origin_problems(log)
     try:
         verify(fleet, log, MOVING)  # the kit's checker: also no write on the old master
     except AssertionError as exc:

@@ -149,10 +149,10 @@ def keep_logs(dest: Path, servers: dict[str, Any], max_bytes: int = 200_000) -> 
         data = Path(log).read_bytes()[-max_bytes:]
         (dest / f"{name.replace(':', '_')}.log").write_bytes(data)
     for extra in ("zk.log",):
-        for s in servers.values():
+        for name, s in servers.items():
             p = Path(getattr(s, "dir", "/nonexistent")) / extra
             if p.exists():
-                shutil.copy(p, dest / f"zookeeper-{extra}")
+                shutil.copy(p, dest / f"{name.replace(':', '_')}-{extra}")
 
 
 __all__ = ["ENV_DIR", "ENV_RUNS", "ENV_SEED", "OpProcess", "Schedule", "campaign_seeds",

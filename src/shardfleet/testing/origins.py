@@ -306,18 +306,39 @@ def read_binlog(path: Path, tag: str | None = None, *,
     return rows, stderr
 
 
-def binlog_writes(server: Any, tag: str | None) -> list[RowWrite]:
+def file_id(path: Path) -> tuple[str, int, int]:
+    """A closed binary log's identity: name, inode and size (a rebuild's RESET MASTER
+    starts ``binlog.000001`` again under the same name: the inode and size tell it apart)."""
+    st = path.stat()
+    return (path.name, st.st_ino, st.st_size)
+
+
+def rotate(server: Any) -> set[tuple[str, int, int]]:
+    """``FLUSH BINARY LOGS`` on *server*, then the identities of its closed logs: what an
+    audit of later writes may skip (:func:`binlog_writes` *skip*), so a campaign that
+    reuses servers reads only the logs of its current run."""
+    server.sql("FLUSH BINARY LOGS")
+    files = binlog_files(server)
+    return {file_id(p) for p in files[:-1]}
+
+
+def binlog_writes(server: Any, tag: str | None,
+                  skip: set[tuple[str, int, int]] | frozenset[Any] = frozenset()
+                  ) -> list[RowWrite]:
     """Every committed row event on a ``db?????.pins`` table whose body carries
     ``"tag": tag`` (any tag when None) in *server*'s own binary logs, in log order.
 
     Reads the files in ``server.datadir`` (listed by ``binlog.index``): that works for a
     running server (the file it writes is read up to its last complete transaction)
     and a stopped or killed one alike. Raises :class:`BinlogReadError` when a log
-    cannot be read, or when a log other than the last one is cut short.
+    cannot be read, or when a log other than the last one is cut short. *skip*: logs
+    (:func:`file_id`) to leave out, e.g. those :func:`rotate` closed before a run.
     """
     files = binlog_files(server)
     out: list[RowWrite] = []
     for i, path in enumerate(files):
+        if skip and file_id(path) in skip:
+            continue
         rows, stderr = read_binlog(path, tag)
         if "ERROR" in stderr and i != len(files) - 1:
             raise BinlogReadError(f"{path} is cut short or unreadable: {stderr[-500:]}")
@@ -514,7 +535,8 @@ def _verdict(obs: list[Observation], times: list[float], shard: int, address: st
 
 def audit_origins(timeline: MapTimeline, history: History,
                   servers: Mapping[str, Any] | Iterable[Any], tag: str, *,
-                  slack: float = 1.0) -> Origins:
+                  slack: float = 1.0,
+                  skip: Mapping[str, set[tuple[str, int, int]]] | None = None) -> Origins:
     """:func:`check_origins` with its counts; see the module docstring."""
     res = Origins()
     by_id: dict[int, str] = {}
@@ -523,7 +545,7 @@ def audit_origins(timeline: MapTimeline, history: History,
     seen: set[tuple[Any, ...]] = set()
     for s in _servers(servers):
         try:
-            rows = binlog_writes(s, tag)
+            rows = binlog_writes(s, tag, (skip or {}).get(s.address, frozenset()))
         except (BinlogReadError, OSError, subprocess.SubprocessError) as exc:
             res.problems.append(f"cannot read the binary log of {s.address}: {exc}")
             continue
@@ -612,7 +634,8 @@ def audit_origins(timeline: MapTimeline, history: History,
 
 def check_origins(timeline: MapTimeline, history: History,
                   servers: Mapping[str, Any] | Iterable[Any], tag: str, *,
-                  slack: float = 1.0) -> list[str]:
+                  slack: float = 1.0,
+                  skip: Mapping[str, set[tuple[str, int, int]]] | None = None) -> list[str]:
     """The problems with who accepted the writer's writes, from every server's binary log
     (empty when none): writes accepted by a server the map had stopped naming master of
     the shard before the operation started (and did not name again before it ended,
@@ -620,9 +643,9 @@ def check_origins(timeline: MapTimeline, history: History,
     accounts for. *servers*: MariaDBServer-like objects (``server_id``, ``address``,
     ``datadir``), a list or an {address: server} dict: every server whose id may be
     in a log. Never raises for a finding; an unreadable log is a problem too."""
-    return audit_origins(timeline, history, servers, tag, slack=slack).problems
+    return audit_origins(timeline, history, servers, tag, slack=slack, skip=skip).problems
 
 
 __all__ = ["BinlogReadError", "MapTimeline", "Observation", "Origins", "RowWrite",
            "Violation", "audit_origins", "binlog_files", "binlog_writes", "check_origins",
-           "decode_string", "read_binlog"]
+           "decode_string", "file_id", "read_binlog", "rotate"]
