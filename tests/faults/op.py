@@ -65,7 +65,7 @@ def open_range(store: Any, spec: dict[str, Any]) -> str:
     conn = topology.connect(spec["master"], "root", spec["password"], timeout=2.0,
                             read_timeout=30.0, client_flag=provision.multi_statement_flags())
     try:
-        created = provision.ensure_shards(conn, list(range(first, last + 1)), default_schema(),
+        plan, _ = provision.ensure_shards(conn, list(range(first, last + 1)), default_schema(),
                                           app_user=spec["app_user"])
         replication.set_read_only(conn, False)
     finally:
@@ -73,7 +73,8 @@ def open_range(store: Any, spec: dict[str, Any]) -> str:
     done = mapstore.change_ranges(store, "present", [
         {"range": [first, last], "master": spec["master"], "standby": spec["standby"],
          "state": "open"}])
-    return f"created={created!r:.60} map_changed={done.changed} version={done.version}"
+    return (f"shards created={len(plan.databases)} tables={len(plan.tables)}; "
+            f"map changed={done.changed} version={done.version}")
 
 
 def main() -> int:
