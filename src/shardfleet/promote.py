@@ -708,9 +708,8 @@ def _check_expected(res: Result, current: str, expect: str,
 def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m: ShardMap,
              journal: dict[str, Any] | None, opts: Options, peer: str | None = None,
              check: bool = False) -> Result:
-    """The requested master is the master already: no change (and say so), but for a
-    master that restarted read-only (:func:`_writable_again`). Called under the pair's
-    locks."""
+    """The requested master is the master already: no change (and say so), but for a pair
+    whose nodes restarted (:func:`_resume_pair`). Called under the pair's locks."""
     res.old_master = res.new_master = ranges[0].master
     res.map_after = m.table()
     res.steps.append("nothing to do: it is the master")
@@ -719,8 +718,8 @@ def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m:
         res.warnings.append(f"the master {res.new_master} does not answer: {why}")
     else:
         try:
-            if _read_only(conn):
-                _writable_again(res, conn, peer, opts, check)
+            marked = {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
+            _resume_pair(res, conn, peer, marked, opts, check)
         finally:
             _close(conn)
     frozen = [r for r in ranges if r.state == "frozen"]
@@ -732,33 +731,64 @@ def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m:
     return res
 
 
-def _writable_again(res: Result, conn: Any, peer: str | None, opts: Options,
-                    check: bool) -> None:
-    """The map's master is read_only: it restarted (every node boots read-only, so that a
-    returning dead master takes no writes) and the map still names it. It takes writes
-    again when its peer is read-only or does not answer (nothing else in the pair can be
-    writable: the locks keep promotions out); with its peer writable the map and the
-    servers disagree and nothing is touched."""
+def _resume_cmd(pair: str, master: str) -> str:
+    return f"ansible-playbook playbooks/promote.yml -e pair={pair} -e promote_master={master}"
+
+
+def _resume_pair(res: Result, conn: Any, peer: str | None, marked: set[str], opts: Options,
+                 check: bool) -> None:
+    """The pair as the map says after its nodes restarted: every node boots read_only (so
+    that a returning dead master takes no writes) and starts no replica (so that it pulls
+    no tail), and the map still names its master. Under the pair's locks:
+
+    * the map's master takes writes again when its peer is read-only or does not answer
+      (nothing else in the pair can be writable); with its peer writable the map and the
+      servers disagree and nothing is touched (refused);
+    * a channel of the pair stopped without an error (a boot) is started again, unless
+      the peer is marked for rebuild (its data diverged: the rebuild re-attaches it).
+    A channel stopped on an error is left for a human (it is said in the warnings)."""
     master = res.new_master
-    if peer:
-        pconn, _ = try_connect(peer, opts)
-        if pconn is not None:
-            try:
-                if not _read_only(pconn):
-                    raise PromotionRefused(
-                        f"the map names {master} master of {res.pair}, but {master} is "
-                        f"read_only and its peer {peer} is writable: the map and the servers "
-                        "disagree; nothing changed. Look first (playbooks/fleet-status.yml)")
-            finally:
-                _close(pconn)
-    res.changed = True
-    if check:
-        res.steps.append(f"make the master {master} writable again: it is read_only (would)")
-        return
-    replication.set_read_only(conn, False)
-    res.steps.append(f"made the master {master} writable again: it was read_only "
-                     "(a restart: every node boots read-only)")
-    log.warning("promote %s: the master %s was read_only; made writable", res.pair, master)
+    pconn, _ = try_connect(peer, opts) if peer else (None, "")
+    try:
+        if _read_only(conn):
+            if pconn is not None and not _read_only(pconn):
+                raise PromotionRefused(
+                    f"the map names {master} master of {res.pair}, but {master} is "
+                    f"read_only and its peer {peer} is writable: the map and the servers "
+                    "disagree; nothing changed. Look first (playbooks/fleet-status.yml)")
+            res.changed = True
+            if check:
+                res.steps.append(f"make the master {master} writable again: it is "
+                                 "read_only (would)")
+            else:
+                replication.set_read_only(conn, False)
+                res.steps.append(f"made the master {master} writable again: it was read_only "
+                                 "(a restart: every node boots read-only)")
+                log.warning("promote %s: the master %s was read_only; made writable",
+                            res.pair, master)
+        if peer in marked:
+            return
+        for c, who in ((conn, master), (pconn, peer)):
+            if c is None:
+                continue
+            ch = _channel(c)
+            if ch is None or (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) != (
+                    "No", "No"):
+                continue
+            if ch.get("Last_IO_Errno") or ch.get("Last_SQL_Errno"):
+                res.warnings.append(f"{who}: replication stopped on an error: "
+                                    f"{ch.get('Last_IO_Error') or ch.get('Last_SQL_Error')}")
+                continue
+            res.changed = True
+            if check:
+                res.steps.append(f"start {who}'s replication from its peer (would)")
+                continue
+            with c.cursor() as cur:
+                cur.execute(_channel_sql("START", ch))
+            res.steps.append(f"started {who}'s replication from its peer: it was stopped "
+                             "(a restart: no node starts its replica at boot)")
+    finally:
+        _close(pconn)
 
 
 def _next_step(res: Result) -> str:
@@ -921,8 +951,14 @@ class _Promotion:
                 f"{new} can finish as planned (zero loss): "
                 f"{_rerun_cmd(run.pair, 'planned', old)}; nothing changed")
         if self.mconn is not None and not opts.force and not self.res.resumed:
+            restarted = ""
+            if _read_only(self.mconn):
+                restarted = (f" It is read_only (it restarted: every node boots read-only): "
+                             f"to let it serve again as the map says, "
+                             f"{_resume_cmd(run.pair, old)}.")
             raise PromotionRefused(f"the master {old} answers: use mode=planned (zero loss), "
-                                   "or force=true if it must be replaced anyway")
+                                   "or force=true if it must be replaced anyway; nothing "
+                                   f"changed.{restarted}")
         if self.mconn is None:
             self.res.timings["silence_checked"] = round(time.monotonic() - run.t0, 3)
             if heard:

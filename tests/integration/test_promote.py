@@ -82,7 +82,9 @@ def missing_ids(server_conn: Any, ids_: list[int]) -> list[int]:
 
 def _start(base, i: int) -> MariaDBServer:
     return MariaDBServer(base, server_id=10 + i, extra=[
-        "--innodb-file-per-table=0", "--read-only=ON", "--rpl-semi-sync-master-enabled=ON",
+        # as the mysql role configures a node: read-only and no replica started at boot
+        "--innodb-file-per-table=0", "--read-only=ON", "--skip-slave-start",
+        "--rpl-semi-sync-master-enabled=ON",
         "--rpl-semi-sync-slave-enabled=ON", "--rpl-semi-sync-master-timeout=1000",
         "--auto-increment-increment=2", f"--auto-increment-offset={i}",
         "--slave-net-timeout=5"]).start()

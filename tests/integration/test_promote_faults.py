@@ -222,9 +222,10 @@ def test_a_restarted_master_is_made_writable_by_promoting_it_to_itself(pair, zk_
     master.start()
     wait_applied(standby, master)
     assert master.sql("SELECT @@GLOBAL.read_only")[0][0] == 1
-    master.sql("START SLAVE")  # the mysql role starts a stopped replica
+    assert channel(master)["Slave_SQL_Running"] == "No", "it starts no replica at boot"
     res = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
     assert res.changed and any("writable" in s for s in res.steps), res.to_dict()
+    assert any(f"started {master.address}'s replication" in s for s in res.steps), res.steps
     assert roles(pair) == (master, standby)
     again = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
     assert not again.changed and not again.warnings, again.to_dict()
@@ -239,6 +240,36 @@ def test_a_restarted_master_is_made_writable_by_promoting_it_to_itself(pair, zk_
         standby.sql("SET GLOBAL read_only=ON")
         master.sql("SET GLOBAL read_only=OFF")
     both_ways(master, standby)
+
+
+def test_a_master_back_before_the_emergency_serves_again_by_the_command_it_names(
+        pair, zk_store, writer_store):
+    """Found by the fault campaign (seed 25011, restart_new before the emergency changed
+    anything): the master died, the standby restarted, the master came back. Both nodes
+    read_only, no replica running (neither starts one at boot). The emergency refuses (the
+    master answers), the planned promotion refuses (the standby does not replicate): the
+    pair was wedged. The emergency's refusal now names the command that lets the map's
+    master serve again, and that command restarts the stopped replication both ways."""
+    master, standby = roles(pair)
+    master.kill()
+    standby.stop()
+    standby.start()
+    master.start()
+    with pytest.raises(PromotionRefused, match="promote_master=") as refused:
+        promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    cmd = str(refused.value)
+    assert f"-e pair={PAIR} -e promote_master={master.address}" in cmd, cmd
+    res = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
+    assert res.changed, res.to_dict()
+    assert roles(pair) == (master, standby)
+    both_ways(master, standby)
+    w = tp.Writer(writer_store, max_seconds=30).start()
+    try:
+        assert w.wait_acks(20), f"the pair takes no writes: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    again = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
+    assert not again.changed, again.to_dict()
 
 
 def test_rebuild_refuses_without_the_replication_password(pair, zk_store):

@@ -154,3 +154,32 @@ def test_a_range_frozen_by_hand_is_adopted_and_stays_frozen_after():
     assert f.thaw("promote-pair001") == m
     moved = f.flip("promote-pair001", [(0, 9)], master="b:1", standby="a:1")
     assert moved.ranges[0].state == "frozen" and freeze_owner(moved.ranges[0]) is None
+
+
+def test_change_ranges_survives_a_lost_reply_and_reports_the_change_once():
+    """shard_map's call (open-range.yml's map write): before, a raw compare-and-set whose
+    reply was lost failed the task although the range was registered."""
+    from shardfleet.mapstore import change_ranges
+
+    store = LossyStore(two_pairs())
+    store.lose_next = 1
+    new = [{"range": [4096, 8191], "master": "c1:3306", "standby": "c2:3306", "state": "open"}]
+    res = change_ranges(store, "present", new)
+    assert res.changed and store.read().version == 1, "written twice, or not at all"
+    assert res.after.range_for(5000).master == "c1:3306"
+    again = change_ranges(store, "present", new)
+    assert not again.changed and again.version == 1
+    with pytest.raises(MapError, match="overlap"):
+        change_ranges(store, "present", [{"range": [8000, 9000], "master": "d1:3306"}])
+    assert store.read().version == 1, "a refused plan wrote something"
+
+
+def test_change_ranges_creates_the_first_map_and_check_writes_nothing():
+    from shardfleet.mapstore import change_ranges
+
+    store = MemoryMapStore()
+    first = [{"range": [0, 4095], "master": "a1:3306", "state": "open"}]
+    planned = change_ranges(store, "present", first, check=True)
+    assert planned.changed and store.read().map is None
+    made = change_ranges(store, "present", first)
+    assert made.changed and made.before is None and store.read().map == made.after

@@ -58,8 +58,10 @@ class Schedule:
                             **detail})
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed} ({self.test}): replay with {ENV_SEED}={self.seed} "
-                 f"{ENV_RUNS}=1 (make faults SEED={self.seed})"]
+        family = self.test.split("-")[0]
+        lines = [f"seed {self.seed} ({self.test}): replay with make faults SEED={self.seed}"
+                 + (f" K={family}" if family else "")
+                 + f" ({ENV_SEED}={self.seed} {ENV_RUNS}=1)"]
         for e in self.events:
             rest = {k: v for k, v in e.items() if k not in ("t", "what")}
             lines.append(f"  {e['t']:8.3f}s {e['what']}"
