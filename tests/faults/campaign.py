@@ -93,7 +93,11 @@ _BASE: list[int] = []
 
 def _random_base() -> int:
     if not _BASE:
-        _BASE.append(random.SystemRandom().randrange(1, 10**6))
+        # pytest-xdist's workers must collect the same runs: one base for the whole test
+        # run (its uid), random otherwise
+        uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        _BASE.append(int(uid, 16) % 10**6 + 1 if uid else
+                     random.SystemRandom().randrange(1, 10**6))
         print(f"fault campaign: base seed {_BASE[0]} ({ENV_SEED}={_BASE[0]} replays it)")
     return _BASE[0]
 
