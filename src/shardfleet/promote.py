@@ -1449,29 +1449,21 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     """
     opts = opts or Options()
     nodes = [n for n in dict.fromkeys(nodes) if n]
-    cur = store.read()
-    if cur.map is None:
-        raise PromotionRefused("there is no shard map in ZooKeeper")
-    ranges = pair_ranges(cur.map, nodes)
-    if not ranges:
-        raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
-    res = Result(mode="rebuild", pair=pair, ranges=[list(r.bounds) for r in ranges],
-                 map_before=cur.map.table())
-    marked = {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
-    if not marked:
-        res.steps.append("nothing to do: no server of the pair is marked for rebuild")
-        res.map_after = res.map_before
-        return res
-    if len(marked) > 1:
-        raise PromotionRefused(f"ranges mark different servers for rebuild: {marked}")
-    node = marked.pop()
-    res.old_master, res.new_master = node, ranges[0].master
-    run = _Run(store, pair, res, check, name=f"rebuild-{pair}")
-    run.nodes = nodes
     if opts.copy not in ("logical", "physical"):
         raise PromotionRefused(f"copy must be 'logical' or 'physical', not {opts.copy!r}")
+    res = Result(mode="rebuild", pair=pair)
+    if _rebuild_target(store, pair, nodes, res)[2] is None:  # no mark: no lock needed
+        return res
+    run = _Run(store, pair, res, check, name=f"rebuild-{pair}")
+    run.nodes = nodes
     try:
         with _held(run, opts) as runner:
+            # decided under the locks: the same command started beside a running one
+            # waited for them, and finds the rebuild it waited for done (no mark left)
+            cur, ranges, node = _rebuild_target(store, pair, nodes, res)
+            if node is None:
+                return res
+            assert cur.map is not None
             rb = _Rebuild(run, node, ranges, opts)
             try:
                 if rb.connect():
@@ -1484,8 +1476,32 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     except (PromotionRefused, PromotionFailed):
         raise
     except ERRORS as exc:
-        raise _rebuild_unexpected(run, node, exc) from exc
+        raise _rebuild_unexpected(run, res.old_master or "the node", exc) from exc
     return res
+
+
+def _rebuild_target(store: ZooKeeperMapStore, pair: str, nodes: list[str], res: Result
+                    ) -> tuple[Any, list[ShardRange], str | None]:
+    """(the map read, the pair's ranges, the node marked for rebuild, or None: nothing to
+    do, said in *res*); refusals for a map that names no such pair or two marks."""
+    cur = store.read()
+    if cur.map is None:
+        raise PromotionRefused("there is no shard map in ZooKeeper")
+    ranges = pair_ranges(cur.map, nodes)
+    if not ranges:
+        raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
+    res.ranges = [list(r.bounds) for r in ranges]
+    res.map_before = cur.map.table()
+    marked = {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
+    if not marked:
+        res.steps = ["nothing to do: no server of the pair is marked for rebuild"]
+        res.map_after = res.map_before
+        return cur, ranges, None
+    if len(marked) > 1:
+        raise PromotionRefused(f"ranges mark different servers for rebuild: {marked}")
+    node = marked.pop()
+    res.old_master, res.new_master = node, ranges[0].master
+    return cur, ranges, node
 
 
 def _rebuild_unexpected(run: _Run, node: str, exc: BaseException) -> ShardfleetError:

@@ -272,6 +272,59 @@ def test_a_master_back_before_the_emergency_serves_again_by_the_command_it_names
     assert not again.changed, again.to_dict()
 
 
+def test_a_second_rebuild_that_waited_for_the_locks_decides_on_the_map_the_first_left(
+        pair, zk_store, monkeypatch):
+    """Found by the fault campaign (seed 999320, second_op in the rebuild): the same
+    rebuild command started beside a running one read the map (the mark still there),
+    waited for the locks, then rebuilt the finished standby again: it fenced it (both
+    channels stopped) and, when its copy failed, left its journal in flight; every rerun
+    said "nothing to do" (no mark) and the pair no longer replicated. It reads the map
+    under the locks now, and finds nothing to do."""
+    import threading
+
+    master, standby = roles(pair)
+    master.kill()
+    promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    master.start()
+    copying, go = threading.Event(), threading.Event()
+    real = promote.copy_shards
+
+    def slow_copy(*a: Any, **kw: Any) -> None:
+        copying.set()
+        assert go.wait(60)
+        real(*a, **kw)
+
+    monkeypatch.setattr(promote, "copy_shards", slow_copy)
+    out: dict[str, Any] = {}
+
+    def first() -> None:
+        out["first"] = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts())
+
+    def second() -> None:
+        try:
+            out["second"] = promote.rebuild_standby(zk_store, PAIR, nodes(pair),
+                                                    opts=ropts(lock_timeout=60))
+        except Exception as exc:  # noqa: BLE001 - judged below
+            out["second"] = exc
+
+    t1 = threading.Thread(target=first)
+    t1.start()
+    assert copying.wait(60), "the first rebuild never reached its copy"
+    t2 = threading.Thread(target=second)
+    t2.start()
+    time.sleep(0.5)  # the second has read the map and waits for the locks
+    go.set()
+    t1.join(120)
+    t2.join(120)
+    monkeypatch.undo()
+    assert out["first"].changed, out["first"].to_dict()
+    second_res = out["second"]
+    assert not isinstance(second_res, Exception), second_res
+    assert not second_res.changed, second_res.to_dict()
+    assert ops.Journal(zk_store, f"rebuild-{PAIR}").load().get("done"), "left in flight"
+    both_ways(master, standby)
+
+
 def test_rebuild_refuses_without_the_replication_password(pair, zk_store):
     """The new master's channel must be recreated: without the replication account the
     rebuild refuses before changing anything (and says which option)."""
