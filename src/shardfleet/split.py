@@ -839,11 +839,39 @@ class Split:
         for the pair's connection too, whose I/O thread then misreads the master's
         semi-sync packets (error 1595 "could not queue event"). A restart renegotiates."""
         tconn = self.conn(self.spec.target)
-        for r in topology.dict_rows(tconn, "SHOW ALL SLAVES STATUS"):
-            name = str(r.get("Connection_name") or "")
-            quoted = f" '{name}'" if name else ""
-            self._exec(self.spec.target, f"STOP SLAVE{quoted}")
-            self._exec(self.spec.target, f"START SLAVE{quoted}")
+        names = [str(r.get("Connection_name") or "")
+                 for r in topology.dict_rows(tconn, "SHOW ALL SLAVES STATUS")]
+        for name in names:
+            self._exec(self.spec.target, f"STOP SLAVE{f' {_q(name)}' if name else ''}")
+        if self.spec.target_standby:
+            self._align_source_domains()
+        for name in names:
+            self._exec(self.spec.target, f"START SLAVE{f' {_q(name)}' if name else ''}")
+
+    def _align_source_domains(self) -> None:
+        """The target's position in the source's domains as its standby's binlog has them.
+
+        ``gtid_slave_pos`` is one for every channel: the split's channel left the source's
+        domain at the last source transaction the target *applied*, but the target logs
+        only the moving databases' (the others are filtered) and its standby may not have
+        received them yet. Its channel from the standby then asks for a GTID the standby
+        does not have and stops for good (1236 "... which is not in the master's binlog";
+        found by the fault campaign, seed 999304). So: wait (bounded) until the standby
+        has everything the target logged, then set the target's position in each domain
+        the standby's binlog is behind in to the standby's (nothing after it will come:
+        the split's replication is gone). Called with the target's channels stopped."""
+        tconn, sconn = self.conn(self.spec.target), self.conn(str(self.spec.target_standby))
+        replication.wait_for_gtid(sconn, replication.gtid_position(tconn), 30.0)
+        have = replication.parse_gtids(replication.gtid_position(sconn))
+        slave = replication.parse_gtids(str(topology.scalar(
+            tconn, "SELECT @@GLOBAL.gtid_slave_pos") or ""))
+        behind = {d: have[d] for d, (_, seq) in slave.items() if d in have and have[d][1] < seq}
+        if behind:
+            slave.update(behind)
+            pos = ",".join(f"{d}-{srv}-{n}" for d, (srv, n) in sorted(slave.items()))
+            log.info("split %s: the target's gtid_slave_pos in domains %s set to its "
+                     "standby's: %s", self.name, sorted(behind), pos)
+            self._exec(self.spec.target, "SET GLOBAL gtid_slave_pos = %s", (pos,))
 
     def _pair_health(self, timeout: float = 30.0) -> list[str]:
         """Wait (bounded) until the target master and its standby replicate from each other
@@ -1063,6 +1091,11 @@ def pending_writes(snapshot: Sequence[Sequence[Any]], q: int, cutoff: Any) -> li
                        f"transaction {trx} {trx_state or ''} since {trx_started}, "
                        f"{modified} row(s) modified, {locked} locked; {info or 'idle'})")
     return out
+
+
+def _q(name: str) -> str:
+    """A connection name quoted for STOP/START SLAVE (names come from SHOW SLAVE STATUS)."""
+    return "'" + name.replace("'", "''") + "'"
 
 
 def merge_gtids(base: str, overlay: str) -> str:
