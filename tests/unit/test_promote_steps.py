@@ -133,7 +133,8 @@ def test_rebuild_table_names():
     run = promote._Run(FakeStore(base()), "pair001", promote.Result(), True,  # type: ignore[arg-type]
                        name="rebuild-pair001")
     rb = promote._Rebuild(run, A, base().ranges, promote.Options())
-    assert names(rb.steps()) == ["fenced_and_cleared", "copied", "replicating", "mark_cleared"]
+    assert names(rb.steps()) == ["fenced_and_cleared", "master_writable", "copied", "replicating",
+                                 "mark_cleared"]
     assert not rb._did("copied")
     rb.resumed = {"steps": [{"step": "copied"}]}
     assert rb._did("copied") and not rb._did("replicating")
