@@ -889,7 +889,7 @@ def _merge(*positions: str) -> str:
         for d, (srv, seq) in replication.parse_gtids(pos).items():
             if d not in out or seq > out[d][1]:
                 out[d] = (srv, seq)
-    return ",".join(f"{d}-{srv}-{seq}" for d, (srv, seq) in sorted(out.items()))
+    return replication.format_gtids(out)
 
 
 # -- retention ------------------------------------------------------------------------------

@@ -718,8 +718,7 @@ def _already(res: Result, ranges: list[ShardRange], store: ZooKeeperMapStore, m:
         res.warnings.append(f"the master {res.new_master} does not answer: {why}")
     else:
         try:
-            marked = {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
-            _resume_pair(res, conn, peer, marked, opts, check)
+            _resume_pair(res, conn, peer, _marked(ranges), opts, check)
         finally:
             _close(conn)
     frozen = [r for r in ranges if r.state == "frozen"]
@@ -1480,6 +1479,11 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     return res
 
 
+def _marked(ranges: list[ShardRange]) -> set[str]:
+    """The servers the ranges mark for rebuild (an emergency's old master)."""
+    return {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
+
+
 def _rebuild_target(store: ZooKeeperMapStore, pair: str, nodes: list[str], res: Result
                     ) -> tuple[Any, list[ShardRange], str | None]:
     """(the map read, the pair's ranges, the node marked for rebuild, or None: nothing to
@@ -1492,7 +1496,7 @@ def _rebuild_target(store: ZooKeeperMapStore, pair: str, nodes: list[str], res: 
         raise PromotionRefused(f"pair {pair} ({', '.join(nodes)}) has no range in the map")
     res.ranges = [list(r.bounds) for r in ranges]
     res.map_before = cur.map.table()
-    marked = {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
+    marked = _marked(ranges)
     if not marked:
         res.steps = ["nothing to do: no server of the pair is marked for rebuild"]
         res.map_after = res.map_before

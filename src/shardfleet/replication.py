@@ -46,6 +46,12 @@ def parse_gtids(pos: str) -> dict[int, tuple[int, int]]:
     return out
 
 
+def format_gtids(pos: dict[int, tuple[int, int]]) -> str:
+    """``{domain: (server, seq)}`` -> the MariaDB ``domain-server-seq`` list, by domain
+    (the inverse of :func:`parse_gtids`)."""
+    return ",".join(f"{d}-{srv}-{seq}" for d, (srv, seq) in sorted(pos.items()))
+
+
 def gtid_covers(have: str, want: str) -> bool:
     """True when position *have* includes every domain's sequence of *want* (MariaDB)."""
     h = parse_gtids(have)

@@ -868,7 +868,7 @@ class Split:
         behind = {d: have[d] for d, (_, seq) in slave.items() if d in have and have[d][1] < seq}
         if behind:
             slave.update(behind)
-            pos = ",".join(f"{d}-{srv}-{n}" for d, (srv, n) in sorted(slave.items()))
+            pos = replication.format_gtids(slave)
             log.info("split %s: the target's gtid_slave_pos in domains %s set to its "
                      "standby's: %s", self.name, sorted(behind), pos)
             self._exec(self.spec.target, "SET GLOBAL gtid_slave_pos = %s", (pos,))
@@ -1102,7 +1102,7 @@ def merge_gtids(base: str, overlay: str) -> str:
     """*base* with every domain of *overlay* set to overlay's GTID (MariaDB lists)."""
     b = replication.parse_gtids(base) if base else {}
     b.update(replication.parse_gtids(overlay) if overlay else {})
-    return ",".join(f"{d}-{s}-{n}" for d, (s, n) in sorted(b.items()))
+    return replication.format_gtids(b)
 
 
 def map_changes(before: ShardMap | None, after: ShardMap | None) -> list[str]:

@@ -310,7 +310,7 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
         f.sql_proxy.partition(True)
         run.schedule.note("partition: control node | master", at=plan["at"],
                           lasting=plan["lasting"], op_running=proc.running)
-        _sleep_while(plan["lasting"])
+        time.sleep(plan["lasting"])
         f.sql_proxy.partition(False)
         run.schedule.note("partition healed", op_running=proc.running)
     elif fault == "too_many":
@@ -319,7 +319,7 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
         run.schedule.note("master answers 1040", at=plan["at"], lasting=plan["lasting"],
                           held=len(held), op_running=proc.running)
         try:
-            _sleep_while(plan["lasting"])
+            time.sleep(plan["lasting"])
         finally:
             release_connections(held)
         run.schedule.note("master takes connections again", op_running=proc.running)
@@ -329,7 +329,7 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
         f.zk.kill(leader)
         run.schedule.note("ZooKeeper leader SIGKILLed", at=plan["at"], member=leader + 1,
                           lasting=plan["lasting"], op_running=proc.running)
-        _sleep_while(plan["lasting"])
+        time.sleep(plan["lasting"])
         f.zk.start_member(leader)
         run.schedule.note("ZooKeeper member back", member=leader + 1, op_running=proc.running)
     elif fault == "stale_router":
@@ -342,10 +342,6 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
         run.schedule.note("restarted", op_running=proc.running)
     else:
         raise AssertionError(f"unknown fault {fault!r}")
-
-
-def _sleep_while(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 def end_operation(run: Run, proc: OpProcess, proxy: ReplyLosingProxy | None) -> None:
