@@ -718,8 +718,7 @@ def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
             c.execute("STOP ALL SLAVES")
             c.execute("SHOW ALL SLAVES STATUS")
             for row in c.fetchall():
-                c.execute("RESET SLAVE %s ALL", (row[0],)) if row[0] else c.execute(
-                    "RESET SLAVE ALL")
+                c.execute(replication.slave_sql("RESET", str(row[0] or ""), "ALL"))
             c.execute("SET GLOBAL gtid_slave_pos = %s", (pos,))
         note = ""
         verified = 0

@@ -300,14 +300,8 @@ def _wait_running(conn: Any, timeout: float) -> dict[str, Any]:
 
 
 def _channel_sql(verb: str, row: dict[str, Any] | None, thread: str = "") -> str:
-    name = (row or {}).get("Connection_name") or ""
-    quoted = f" '{name}'" if name else ""
-    return f"{verb} SLAVE{quoted}{(' ' + thread) if thread else ''}"
-
-
-def _name_sql(row: dict[str, Any] | None) -> str:
-    name = (row or {}).get("Connection_name") or ""
-    return f" '{name}'" if name else ""
+    """:func:`replication.slave_sql` for the channel of a ``SHOW SLAVE STATUS`` *row*."""
+    return replication.slave_sql(verb, str((row or {}).get("Connection_name") or ""), thread)
 
 
 def _channel_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -766,6 +760,7 @@ def _resume_pair(res: Result, conn: Any, peer: str | None, marked: set[str], opt
                 log.warning("promote %s: the master %s was read_only; made writable",
                             res.pair, master)
         if peer in marked:
+            _semisync_off_for_rebuild(res, conn, master, peer, check)
             return
         for c, who in ((conn, master), (pconn, peer)):
             if c is None:
@@ -788,6 +783,25 @@ def _resume_pair(res: Result, conn: Any, peer: str | None, marked: set[str], opt
                              "(a restart: no node starts its replica at boot)")
     finally:
         _close(pconn)
+
+
+def _semisync_off_for_rebuild(res: Result, conn: Any, master: str, peer: str | None,
+                              check: bool) -> None:
+    """The master's peer awaits a rebuild, so nothing can acknowledge its commits: semi-sync
+    off, as the emergency left it (a restart brings back the configured ON, and every
+    commit waits out ``rpl_semi_sync_master_timeout`` until it falls back); the rebuild
+    turns it on again."""
+    if not semisync_state(conn)["master_enabled"]:
+        return
+    res.changed = True
+    if check:
+        res.steps.append(f"turn semi-sync off on {master}: its peer {peer} awaits a rebuild "
+                         "(would)")
+        return
+    replication.set_semisync_master(conn, False)
+    res.steps.append(f"turned semi-sync off on {master}: its peer {peer} awaits a rebuild "
+                     "and cannot acknowledge (the rebuild turns it on again)")
+    log.warning("promote %s: semi-sync off on %s until %s is rebuilt", res.pair, master, peer)
 
 
 def _next_step(res: Result) -> str:
@@ -1209,8 +1223,7 @@ class _Promotion:
         if self.res.semisync["standby"].get("master_enabled"):
             # no standby can acknowledge: without this the first commit waits the whole
             # rpl_semi_sync_master_timeout; rebuild_standby turns it on again
-            with self.sconn.cursor() as c:
-                c.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+            replication.set_semisync_master(self.sconn, False)
             self.res.warnings.append(f"semi-sync is off on {self.new} until its standby is "
                                      "rebuilt (nothing can acknowledge): writes are "
                                      "asynchronous meanwhile")
@@ -1231,12 +1244,13 @@ class _Promotion:
         self.stopper.join(self.opts.drain_timeout)
         if self.stopper.is_alive() or self.stopper.error:
             self.stop_failed = True
-            n, o, name = self.new, self.old, _name_sql(self.ch)
+            n, o = self.new, self.old
             self.res.warnings.append(f"{n}'s replication I/O thread from {o} did not stop "
                                      f"({self.stopper.error or 'still waiting'}), so its "
-                                     f"channel was not removed: run STOP SLAVE{name} and "
-                                     f"RESET SLAVE{name} ALL on {n} before {o} comes back "
-                                     f"or {n} restarts")
+                                     f"channel was not removed: run "
+                                     f"{_channel_sql('STOP', self.ch)} and "
+                                     f"{_channel_sql('RESET', self.ch, 'ALL')} on {n} before "
+                                     f"{o} comes back or {n} restarts")
             return
         self.run.step("replication_stopped")
 
@@ -1756,8 +1770,8 @@ class _Rebuild:
                     connect_retry=int(recreate["Connect_Retry"] or 2))
                 self.res.steps.append(f"recreated {master}'s channel from {node}")
             c.execute(_channel_sql("START", mch or recreate))
-            if semisync_state(self.nconn)["replica_enabled"]:  # an emergency turned it off
-                c.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
+        if semisync_state(self.nconn)["replica_enabled"]:  # an emergency turned it off
+            replication.set_semisync_master(self.mconn, True)
         replication.wait_for_gtid(self.nconn, replication.gtid_position(self.mconn),
                                   self.opts.catchup_timeout)
         self.run.step("replicating")

@@ -128,6 +128,21 @@ def set_read_only(conn: Any, on: bool) -> bool:
     return True
 
 
+def slave_sql(verb: str, name: str = "", thread: str = "") -> str:
+    """``STOP``/``START``/``RESET SLAVE`` of one replication connection (*name* as
+    ``SHOW ALL SLAVES STATUS`` gives it, quoted; empty: the default connection), with an
+    optional *thread* (``IO_THREAD``, ``SQL_THREAD``, or ``ALL`` after RESET)."""
+    quoted = " '" + name.replace("\\", "\\\\").replace("'", "''") + "'" if name else ""
+    return f"{verb} SLAVE{quoted}{(' ' + thread) if thread else ''}"
+
+
+def set_semisync_master(conn: Any, on: bool) -> None:
+    """Turn the master side of semi-sync on or off (at runtime: a restart brings back what
+    the configuration says)."""
+    with conn.cursor() as c:
+        c.execute(f"SET GLOBAL rpl_semi_sync_master_enabled = {'ON' if on else 'OFF'}")
+
+
 #: InnoDB refreshes ``information_schema.INNODB_TRX`` only when nobody has read it for
 #: 0.1 s (trx0i_s.cc), so polling it faster keeps serving one old view; read it no more
 #: often than this.

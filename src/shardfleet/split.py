@@ -62,6 +62,9 @@ STEPS = ("check", "clone", "replicate", "cutover", "cleanup")
 # Journal ``step`` values in the order a split reaches them ("aborted" restarts).
 PROGRESS = {"started": 0, "clone": 1, "replicate": 2, "cutover": 3, "cleanup": 4}
 WRITE_PRIVILEGES = ("Insert_priv", "Update_priv", "Delete_priv")
+# the same, as information_schema.SCHEMA_PRIVILEGES names the privileges the server enforces
+LIVE_WRITE_PRIVILEGES = ", ".join(f"'{p.removesuffix('_priv').upper()}'"
+                                  for p in WRITE_PRIVILEGES)
 
 
 class SplitError(ShardfleetError):
@@ -481,7 +484,7 @@ class Split:
             if ch.get("Last_SQL_Errno"):
                 raise SplitError(f"the split's replication on {tgt} stopped with an error: "
                                  f"{err}; abort the split (step abort) and run it again")
-            self._exec(tgt, f"START SLAVE '{self.connection_name}'")
+            self._exec(tgt, replication.slave_sql("START", self.connection_name))
             changed = True
         pos = replication.gtid_position(self.conn(self.spec.source))
         self._wait_applied(pos, self.catchup_timeout, "catch up")
@@ -516,7 +519,7 @@ class Split:
             for other in running + [name]:
                 if other == name and self._channel(tgt) is None:
                     continue
-                self._exec(tgt, f"START SLAVE '{other}'")
+                self._exec(tgt, replication.slave_sql("START", other))
 
     def _wait_applied(self, pos: str, timeout: float, what: str) -> None:
         """Wait (bounded) until the target applied *pos*, one second at a time: a split
@@ -544,8 +547,8 @@ class Split:
     def _remove_channel(self) -> bool:
         if self._channel(self.spec.target) is None:
             return False
-        self._exec(self.spec.target, f"STOP SLAVE '{self.connection_name}'")
-        self._exec(self.spec.target, f"RESET SLAVE '{self.connection_name}' ALL")
+        self._exec(self.spec.target, replication.slave_sql("STOP", self.connection_name))
+        self._exec(self.spec.target, replication.slave_sql("RESET", self.connection_name, "ALL"))
         return True
 
     # -- the map -------------------------------------------------------------
@@ -605,6 +608,8 @@ class Split:
         One UPDATE of ``mysql.db`` and ``FLUSH PRIVILEGES``: constant time, where a REVOKE per
         database costs ~0.6 ms each. Both are binlogged (row events, FLUSH is logged), so the
         source's standby holds the same fence; the split's replication filter skips them.
+        The FLUSH runs whether or not the UPDATE changed a row: a run killed between the two
+        left the table fenced and the live privileges open, and only a FLUSH closes them.
         """
         flag = "N" if on else "Y"
         dbs = self.databases
@@ -618,8 +623,7 @@ class Split:
             n = cur.execute(sql, [flag] * len(privs) + [self.creds.app_user,
                                                         self.creds.app_host] + dbs
                             + [flag] * len(privs))
-            if n:
-                cur.execute("FLUSH PRIVILEGES")
+            cur.execute("FLUSH PRIVILEGES")
         return int(n)
 
     def _fence_problems(self, *, fenced: bool = False) -> list[str]:
@@ -643,7 +647,12 @@ class Split:
                        "write privileges from those grants, so it would stop nothing (give "
                        "the app_host its grants use)")
         if fenced:
-            still = sorted(d for d, w in have.items() if w)
+            # the table and what the server enforces: the privileges it holds in memory
+            live = self._exec(self.spec.source, "SELECT DISTINCT TABLE_SCHEMA FROM "
+                              "information_schema.SCHEMA_PRIVILEGES WHERE GRANTEE = %s AND "
+                              f"PRIVILEGE_TYPE IN ({LIVE_WRITE_PRIVILEGES}) AND TABLE_SCHEMA "
+                              f"IN ({marks})", [f"'{user}'@'{host}'"] + dbs)
+            still = sorted({d for d, w in have.items() if w} | {str(r[0]) for r in live})
             if still:
                 out.append(f"'{user}'@'{host}' can still write {len(still)} moving "
                            f"database(s) ({_few(still)})")
@@ -753,7 +762,7 @@ class Split:
                 raise CutoverAborted(f"target {self.spec.target} did not apply the source's "
                                      f"position {pos} within {self.cutover_timeout}s") from None
             waited = time.monotonic() - waited
-            self._exec(self.spec.target, f"STOP SLAVE '{self.connection_name}'")
+            self._exec(self.spec.target, replication.slave_sql("STOP", self.connection_name))
             self._flip()
         except MapWriteUnknown as exc:
             raise SplitError(
@@ -803,7 +812,7 @@ class Split:
             self._set_fence(False)
             self._thaw()
             if self._channel(self.spec.target) is not None:
-                self._exec(self.spec.target, f"START SLAVE '{self.connection_name}'")
+                self._exec(self.spec.target, replication.slave_sql("START", self.connection_name))
             self._note(cutover_phase=None, last_cutover_error=str(exc) or type(exc).__name__)
         except Exception as undo_exc:  # noqa: BLE001 - report both
             raise SplitError(f"cutover failed ({exc}) and undoing it failed too ({undo_exc}); "
@@ -842,11 +851,11 @@ class Split:
         names = [str(r.get("Connection_name") or "")
                  for r in topology.dict_rows(tconn, "SHOW ALL SLAVES STATUS")]
         for name in names:
-            self._exec(self.spec.target, f"STOP SLAVE{f' {_q(name)}' if name else ''}")
+            self._exec(self.spec.target, replication.slave_sql("STOP", name))
         if self.spec.target_standby:
             self._align_source_domains()
         for name in names:
-            self._exec(self.spec.target, f"START SLAVE{f' {_q(name)}' if name else ''}")
+            self._exec(self.spec.target, replication.slave_sql("START", name))
 
     def _align_source_domains(self) -> None:
         """The target's position in the source's domains as its standby's binlog has them.
@@ -1091,11 +1100,6 @@ def pending_writes(snapshot: Sequence[Sequence[Any]], q: int, cutoff: Any) -> li
                        f"transaction {trx} {trx_state or ''} since {trx_started}, "
                        f"{modified} row(s) modified, {locked} locked; {info or 'idle'})")
     return out
-
-
-def _q(name: str) -> str:
-    """A connection name quoted for STOP/START SLAVE (names come from SHOW SLAVE STATUS)."""
-    return "'" + name.replace("'", "''") + "'"
 
 
 def merge_gtids(base: str, overlay: str) -> str:

@@ -212,6 +212,44 @@ def test_a_new_master_restarted_before_the_rebuild_is_made_writable_by_it(pair, 
     assert promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts()).changed is False
 
 
+def test_a_new_master_restarted_after_the_emergency_serves_again_without_semi_sync(
+        pair, zk_store, writer_store):
+    """Found by the e2e fault schedule (the new master's container restarted after the
+    emergency, the old master back): promote.yml -e promote_master=<the map's master> made
+    it writable, but the restart had brought back the configured semi-sync ON while its
+    only peer awaits a rebuild: nothing can acknowledge, so commits waited out
+    rpl_semi_sync_master_timeout. The command turns it off as the emergency did (the
+    rebuild turns it on again) and says so; a rerun changes nothing."""
+    master, standby = roles(pair)
+    master.kill()
+    promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    master.start()
+    standby.stop()
+    standby.start()
+    assert standby.sql("SELECT @@GLOBAL.read_only, @@GLOBAL.rpl_semi_sync_master_enabled"
+                       )[0] == (1, 1), "it boots read-only, semi-sync on as configured"
+    looked = promote.promote(zk_store, PAIR, nodes(pair), master=standby.address, opts=opts(),
+                             check=True)
+    assert looked.changed and any("semi-sync" in s for s in looked.steps), looked.to_dict()
+    assert standby.sql("SELECT @@GLOBAL.rpl_semi_sync_master_enabled")[0][0] == 1
+    res = promote.promote(zk_store, PAIR, nodes(pair), master=standby.address, opts=opts())
+    assert res.changed, res.to_dict()
+    assert standby.sql("SELECT @@GLOBAL.read_only, @@GLOBAL.rpl_semi_sync_master_enabled"
+                       )[0] == (0, 0), "the master serves with semi-sync waiting for nobody"
+    assert master.sql("SELECT @@GLOBAL.read_only")[0][0] == 1, "the old master must stay RO"
+    assert channel(master)["Slave_SQL_Running"] == "No", "the marked node was re-attached"
+    again = promote.promote(zk_store, PAIR, nodes(pair), master=standby.address, opts=opts())
+    assert not again.changed, again.to_dict()
+    w = tp.Writer(writer_store, max_seconds=30).start()
+    try:
+        assert w.wait_acks(20), f"the pair takes no writes: {w.errors[-3:]}"
+    finally:
+        w.stop()
+    rebuild_and_check(zk_store, pair, master, standby)
+    assert standby.sql("SELECT @@GLOBAL.rpl_semi_sync_master_enabled")[0][0] == 1, \
+        "semi-sync not back on after the rebuild"
+
+
 def test_a_restarted_master_is_made_writable_by_promoting_it_to_itself(pair, zk_store):
     """The map's master restarts (a reboot, no promotion) and boots read_only: the
     promotion to the current master (promote.yml -e promote_master=<it>) makes it writable

@@ -191,6 +191,47 @@ def test_resume_after_a_crash_inside_the_cutover(fleet, tmp_path):
     assert fleet.map().range_for(20).master == fleet.target.address
 
 
+def app_write(fleet: SplitFleet, shard: int) -> str:
+    """One INSERT into *shard* on the source as the application user, on a new connection
+    (privileges are checked live): "ok" or the server's error."""
+    import pymysql
+
+    c = pymysql.connect(host="127.0.0.1", port=fleet.source.port, user=APP_USER,
+                        password=APP_PASSWORD, autocommit=True, connect_timeout=10)
+    try:
+        with c.cursor() as cur:
+            cur.execute(f"INSERT INTO db{shard:05d}.pins (body) VALUES ('{{\"probe\": 1}}')")
+        return "ok"
+    except pymysql.MySQLError as exc:
+        return str(exc)
+    finally:
+        c.close()
+
+
+def test_a_kill_between_the_fence_and_its_flush_leaves_a_fence_that_holds(fleet):
+    """The fence is an UPDATE of mysql.db then FLUSH PRIVILEGES. A run killed between the
+    two leaves the table fenced and the live privileges open; the rerun must not trust the
+    table: while it drains, the application's writes to the moving shards are refused."""
+    with fleet.split() as sp:
+        sp.run("clone")
+        sp.run("replicate")
+        sp.resolve()
+        sp._note(cutover_phase="freezing")
+        sp._freeze()
+    # what the killed run had done: the UPDATE, not the FLUSH
+    fleet.source.sql("UPDATE mysql.db SET Insert_priv='N', Update_priv='N', Delete_priv='N' "
+                     "WHERE User=%s AND Db BETWEEN 'db00016' AND 'db00031'", (APP_USER,))
+    assert fence_writes(fleet) == 16 and app_write(fleet, 20) == "ok"
+    seen: list[str] = []
+    with fleet.split() as sp:
+        drain = sp._drain
+        sp._drain = lambda fenced_at: (seen.append(app_write(fleet, 20)), drain(fenced_at))[1]
+        res = sp.run("all")
+    assert res[-1].step == "cutover" and res[-1].changed
+    assert seen and "1142" in seen[0], f"a write on the fenced source was answered {seen}"
+    assert "1142" in app_write(fleet, 20), "the source accepts writes to a moved shard"
+
+
 def test_refuses_a_range_the_source_does_not_own(fleet):
     before = fleet.map()
     with fleet.split(moving=(40, 47)) as sp, pytest.raises(SplitError, match="does not own"):

@@ -144,3 +144,11 @@ def test_rebuild_table_names():
     assert not rb._mark_cleared()
     run.store.map = base()  # type: ignore[attr-defined]
     assert rb._mark_cleared()
+
+
+def test_slave_sql_quotes_the_connection_name():
+    from shardfleet import replication
+
+    assert replication.slave_sql("START") == "START SLAVE"
+    assert replication.slave_sql("STOP", "split_a", "IO_THREAD") == "STOP SLAVE 'split_a' IO_THREAD"
+    assert replication.slave_sql("RESET", "o'k\\", "ALL") == "RESET SLAVE 'o''k\\\\' ALL"
