@@ -1,20 +1,26 @@
-"""split.yml and open-range.yml on the e2e fleet (the name sorts last: it changes the map,
-after the site and promotion tests). Six more containers get the mysql role: pair003,
-pair004 and pair005.
+"""split.yml and open-range.yml on the e2e fleet (the name sorts after the site and
+promotion tests: it changes the map; only test_zzz_promote_faults comes after it). Six
+more containers get the mysql role: pair003, pair004 and pair005.
 
 1. Refusals through split.yml change nothing: a range pair001 does not own, a target
    pair that is not empty.
 2. pair001's upper half moves onto pair003 under a live writer (threads on this host
    using the routing library, logging every acknowledged write): no acknowledged write
    lost, no row nobody acknowledged, nothing accepted by the old master after the flip,
-   no error and a wait under a second for the moving shards. --check and a rerun change
-   nothing.
+   no error for the moving shards, the stall under a second (the journal's), and no
+   write to a moving shard waiting a second longer than the slowest write to the
+   source's other shards at the same time (measured side by side: on a busy machine
+   every write waits longer). --check and a rerun change nothing.
 3. pair002's upper half moves onto pair004 under a writer, with split.yml killed
    (SIGKILL of ansible-playbook and of the module's process in the container) as soon
    as the journal records the start (inside the clone), again once it records the
-   clone, and again once it records the replicate step; the reruns finish the split and
-   the same checks hold. split_step=cleanup then drops the
-   moved shards from pair002.
+   clone, again once it records the replicate step, and twice inside the cutover (a read
+   lock on the source's mysql.db holds the cutover at its fence, the moving range frozen
+   in the map): before the fence, and between the fence's UPDATE and its FLUSH
+   PRIVILEGES. The rerun finishes the split and the same checks hold (the writes the
+   frozen range held waited, none failed); between its fence and its flip the source
+   must refuse an application write to a moving shard (a router with a stale map),
+   checked last. split_step=cleanup then drops the moved shards from pair002.
 4. open-range.yml opens 4096..4111 on pair005 and closes the older ranges: new objects
    land in the new range; older objects stay readable and writable; a rerun changes
    nothing.
@@ -31,7 +37,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +153,204 @@ def _split_killed_after(fleet: Fleet, inventory: Path, args: list[str], store: Z
     return time.monotonic() - t0
 
 
+def _fence_waiting(conn: pymysql.connections.Connection) -> list[int]:
+    """Connections on a source whose fence (the split's UPDATE of mysql.db) is waiting."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT ID FROM information_schema.PROCESSLIST "
+                    "WHERE INFO LIKE 'UPDATE mysql.db %' AND ID <> CONNECTION_ID()")
+        return [int(r[0]) for r in cur.fetchall()]
+
+
+def _end_fence_statements(conn: pymysql.connections.Connection) -> None:
+    """End the fence statements killed runs left waiting for the lock (bounded), so a kill
+    lands before the fence, never between its two statements (the UPDATE and FLUSH
+    PRIVILEGES)."""
+    deadline = time.monotonic() + 30
+    while True:
+        waiting = _fence_waiting(conn)
+        if not waiting:
+            return
+        assert time.monotonic() < deadline, f"a killed run's fence statement stays: {waiting}"
+        for conn_id in waiting:
+            with conn.cursor() as cur:
+                try:
+                    cur.execute(f"KILL {conn_id}")
+                except pymysql.err.OperationalError as exc:
+                    if exc.args[0] != 1094:  # unknown thread: it ended meanwhile
+                        raise
+        time.sleep(0.1)
+
+
+@contextmanager
+def _fence_held(source: Node, *, end_waiting: bool = True
+                ) -> Iterator[pymysql.connections.Connection]:
+    """A read lock on the source's mysql.db: a split run passes everything up to its
+    cutover's fence (one UPDATE of mysql.db), which waits. The cutover's stall is under a
+    second, too short to hit from here; held there, a kill lands inside it (the range
+    frozen in the map, writes to it held by the routers) on a busy machine too, and a
+    killed run's module that outlives ansible-playbook by a ``podman exec`` cannot finish
+    the cutover meanwhile. Yields a second connection to watch the source with.
+
+    On the way out the fence statements killed runs left waiting are ended first
+    (*end_waiting*: the kills landed before the fence), or else run once the lock goes,
+    as they would have: that is a kill between the fence's UPDATE and its FLUSH
+    PRIVILEGES (waited for, bounded)."""
+    lock, watch = source.connect(), source.connect()
+    ok = False
+    try:
+        with lock.cursor() as cur:
+            cur.execute("LOCK TABLES mysql.db READ")
+        yield watch
+        ok = True
+    finally:
+        try:
+            if end_waiting:
+                _end_fence_statements(watch)  # before the lock goes: none may run after it
+        except Exception:
+            if ok:
+                raise
+        finally:
+            with lock.cursor() as cur:
+                cur.execute("UNLOCK TABLES")
+            lock.close()
+        try:
+            deadline = time.monotonic() + 60
+            while ok and _fence_waiting(watch):
+                assert time.monotonic() < deadline, "the fence statement did not run"
+                time.sleep(0.1)
+        finally:
+            watch.close()
+
+
+def _split_killed_in_cutover(fleet: Fleet, inventory: Path, args: list[str],
+                             store: ZooKeeperMapStore, journal: str, moving: tuple[int, int],
+                             watch: pymysql.connections.Connection, runner: str, log: Path,
+                             *, end_waiting: bool = True) -> float:
+    """Run split.yml and kill it (and its module) inside the cutover, under
+    :func:`_fence_held`: once the journal says the cutover started (``cutover_phase``
+    freezing), the map shows the moving range frozen and the fence waits (ended unless
+    not *end_waiting*). Returns the seconds from the start to the kill."""
+    _end_fence_statements(watch)  # only this run's fence may wait below
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        p = subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml", *args),
+                             cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            while True:
+                raw, _ = store.read_raw(journal)
+                j = json.loads(raw) if raw else {}
+                r = _map(store).find(moving[0])
+                frozen = r is not None and r.bounds == moving and r.state == "frozen"
+                if (j.get("step"), j.get("cutover_phase")) == ("replicate", "freezing") \
+                        and frozen and _fence_waiting(watch):
+                    break
+                if p.poll() is not None:
+                    raise AssertionError(f"split.yml ended (rc {p.returncode}) before its "
+                                         f"cutover froze the range:\n{log.read_text()[-3000:]}")
+                assert time.monotonic() - t0 < 600, "no frozen cutover after 600 s"
+                time.sleep(0.05)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(60)
+            _kill_module(runner)
+    secs = time.monotonic() - t0
+    if end_waiting:
+        _end_fence_statements(watch)
+    return secs
+
+
+def _until(what: str, p: subprocess.Popen[bytes], log: Path, done: Callable[[], bool],
+           timeout: float = 600) -> None:
+    """Wait (bounded) until *done()*, failing at once if the run *p* ended first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if p.poll() is not None:
+            raise AssertionError(f"split.yml ended (rc {p.returncode}) before {what}:\n"
+                                 f"{log.read_text()[-3000:]}")
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.05)
+
+
+def _gtid_waits(conn: pymysql.connections.Connection) -> list[int]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT ID FROM information_schema.PROCESSLIST "
+                    "WHERE INFO LIKE 'SELECT MASTER_GTID_WAIT(%' AND ID <> CONNECTION_ID()")
+        return [int(r[0]) for r in cur.fetchall()]
+
+
+def _app_insert(address: str, password: str, shard: int) -> tuple[int | None, str]:
+    """One application write on *address* to *shard*: (its local ID, '') or (None, error)."""
+    host, _, port = address.rpartition(":")
+    c = pymysql.connect(host=host, port=int(port), user="shardfleet_app", password=password,
+                        autocommit=True, connect_timeout=5, read_timeout=10)
+    try:
+        with c.cursor() as cur:
+            cur.execute(f"INSERT INTO db{shard:05d}.pins (body) VALUES (%s)",
+                        ('{"probe": "after the fence"}',))
+            return int(cur.lastrowid), ""
+    except pymysql.err.MySQLError as exc:
+        return None, repr(exc)
+    finally:
+        c.close()
+
+
+def _rerun_probing_the_fence(fleet: Fleet, inventory: Path, args: list[str], source: Node,
+                             target: Node, shard: int, log: Path
+                             ) -> tuple[int, str, float, tuple[int | None, str]]:
+    """The split's documented rerun (split.yml, the same command), and one application
+    write to the moving *shard* on the source between the rerun's fence and its flip
+    (what a router with a stale map does): the fence must refuse it (1142).
+
+    Held there, deterministically: a read lock on the source's mysql.db stops the rerun
+    at its fence's UPDATE; an admin row in *shard* (binlogged: the split replicates it)
+    then meets a read lock on that shard's table on the target, so once the fence is
+    through the rerun waits for the target to apply its final position
+    (MASTER_GTID_WAIT); the probe goes then, and the target's lock is released. A longer
+    ``split_cutover_timeout`` covers the hold. Returns rc, output, seconds, the probe's
+    (local ID, error)."""
+    lock, watch = source.connect(), source.connect()
+    tlock, twatch = target.connect(), target.connect()
+    probe: tuple[int | None, str] = (None, "not tried")
+    t0 = time.monotonic()
+    try:
+        with tlock.cursor() as cur:
+            cur.execute(f"LOCK TABLES db{shard:05d}.pins READ")
+        with lock.cursor() as cur:
+            cur.execute("LOCK TABLES mysql.db READ")
+        with log.open("w") as out:
+            p = subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml",
+                                      *args, "-e", "split_cutover_timeout=120"),
+                                 cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            try:
+                _until("the rerun's fence", p, log, lambda: bool(_fence_waiting(watch)))
+                with watch.cursor() as cur:
+                    cur.execute(f"INSERT INTO db{shard:05d}.pins (body) VALUES (%s)",
+                                ('{"probe": "admin, holds the target"}',))
+                with lock.cursor() as cur:
+                    cur.execute("UNLOCK TABLES")
+                _until("the rerun's wait for its final position", p, log,
+                       lambda: bool(_gtid_waits(twatch)) and not _fence_waiting(watch))
+                probe = _app_insert(source.address, fleet.secrets["vault_mysql_app_password"],
+                                    shard)
+            finally:
+                with tlock.cursor() as cur:
+                    cur.execute("UNLOCK TABLES")
+                with lock.cursor() as cur:
+                    cur.execute("UNLOCK TABLES")
+                try:
+                    p.wait(900)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(60)
+    finally:
+        for c in (lock, watch, tlock, twatch):
+            c.close()
+    return p.returncode, log.read_text(), time.monotonic() - t0, probe
+
+
 def _pair_nodes(fleet: Fleet, pair: str) -> list[str]:
     hosts = {h: v for h, v in fleet.hosts.items() if v["group"] == "mysql"}
     hosts.update({h: {"shardfleet_pair": p, "shardfleet_container_ip": ip}
@@ -175,14 +379,14 @@ def _sample(r: ShardRange, moving: tuple[int, int]) -> list[int]:
 
 
 @contextmanager
-def _writer(fleet: Fleet, zk: str, shards: list[int], *,
-            frozen_wait: float) -> Iterator[tuple[Store, Writer]]:
+def _writer(fleet: Fleet, zk: str, shards: list[int], *, frozen_wait: float,
+            seconds: int = 600) -> Iterator[tuple[Store, Writer]]:
     router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
                     password=fleet.secrets["vault_mysql_app_password"], frozen_wait=frozen_wait,
                     connect_timeout=2, read_timeout=10)
     store = Store(router)
-    # ~100 operations a second per thread, for up to 10 minutes: through every split
-    w = Writer(store, shards, threads=3, seconds=600, max_ops=60_000, pause=0.01)
+    # ~100 operations a second per thread, for up to *seconds*: through every split
+    w = Writer(store, shards, threads=3, seconds=seconds, max_ops=100 * seconds, pause=0.01)
     try:
         yield store, w
     finally:
@@ -288,7 +492,11 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert moved.bounds == moving and moved.state == r1.state and "rebuild" not in moved.extra
         assert m.range_for(r1.first).master == r1.master
         summary = _check(fleet, store, w.log, shards, moving, r1.master, tgt[0], t0)
-        assert w.log.longest({s for s in shards if s >= moving[0]}, t0) < 1.0, summary
+        # what the split adds to a write's wait, against the source's other shards (the
+        # same server, the same writer, the same instants): the machine's load cancels out
+        slowest_moving = w.log.longest({s for s in shards if s >= moving[0]}, t0)
+        slowest_other = w.log.longest({s for s in shards if s < moving[0]}, t0)
+        assert slowest_moving < slowest_other + 1.0, summary
         report.append(f"split pair001 -> pair003 {t_split:.0f}s, stall "
                       f"{j['frozen_seconds'] * 1000:.0f} ms (journal); {summary}")
         rc, again, _ = _play(fleet, inv, split_pb, *args)
@@ -303,19 +511,64 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         shards = _sample(r2, moving)
         runner = next(h for h in fleet.group("mysql")
                       if fleet.hosts[h]["shardfleet_pair"] == "pair002")
+        probe_shard = next(x for x in range(moving[0], moving[1] + 1) if x not in shards)
         journal = f"{store.root}/default/ops/journal/split-{moving[0]}-{moving[1]}"
         args = ["-e", "split_source_pair=pair002", "-e", "split_target_pair=pair004"]
-        with _writer(fleet, zk, shards, frozen_wait=60) as (_, w):
+        # frozen_wait: the kills inside the cutover leave the range frozen until the rerun
+        # flips it (two ansible-playbook runs; on a busy machine a minute or more); five
+        # kills and a rerun take about 3 minutes on a quiet machine, 10 on a busy one
+        with _writer(fleet, zk, shards, frozen_wait=240, seconds=1200) as (_, w):
             w.start()
             _wait_ops(w, 200)
             t0 = time.monotonic()
             kills = []
-            for step in ("started", "clone", "replicate"):
+            for step in ("started", "clone"):
                 secs = _split_killed_after(fleet, inv, args, store, journal, step, runner,
                                            tmp_path / f"split-killed-{step}.log")
                 kills.append(f"killed {secs:.0f}s after the start, once {step} was recorded")
-            rc, out, t_rest = _play(fleet, inv, split_pb, *args)
+            source = Node(r2.master, fleet.secrets["vault_mysql_admin_password"])
+            with _fence_held(source) as watch:
+                secs = _split_killed_after(fleet, inv, args, store, journal, "replicate",
+                                           runner, tmp_path / "split-killed-replicate.log")
+                kills.append(f"killed {secs:.0f}s after the start, once replicate was "
+                             "recorded")
+                secs = _split_killed_in_cutover(fleet, inv, args, store, journal, moving,
+                                                watch, runner,
+                                                tmp_path / "split-killed-cutover.log")
+                kills.append(f"killed {secs:.0f}s after the start, inside the cutover (the "
+                             "range frozen, the fence not taken)")
+            # once more inside the cutover, between the fence's two statements: its UPDATE
+            # of mysql.db ran, its FLUSH PRIVILEGES never did (the grant tables say fenced,
+            # the server still lets the application write)
+            with _fence_held(source, end_waiting=False) as watch:
+                secs = _split_killed_in_cutover(fleet, inv, args, store, journal, moving,
+                                                watch, runner,
+                                                tmp_path / "split-killed-fence.log",
+                                                end_waiting=False)
+                kills.append(f"killed {secs:.0f}s after the start, between the fence's UPDATE "
+                             "and its FLUSH PRIVILEGES")
+            c = source.connect()
+            try:
+                with c.cursor() as cur:
+                    cur.execute("SELECT COUNT(*) FROM mysql.db WHERE User = 'shardfleet_app' "
+                                "AND Insert_priv = 'N' AND Db BETWEEN %s AND %s",
+                                (f"db{moving[0]:05d}", f"db{moving[1]:05d}"))
+                    fenced_rows = int(cur.fetchone()[0])
+            finally:
+                c.close()
+            assert fenced_rows == moving[1] - moving[0] + 1, \
+                f"the killed fence's UPDATE did not run: {fenced_rows} rows fenced"
+            t_frozen = time.monotonic()
+            r_killed = _map(store).find(moving[0])
+            assert r_killed is not None and r_killed.state == "frozen" \
+                and r_killed.master == r2.master, r_killed
+            # the rerun; a write to a moving shard between its fence and its flip, as a
+            # router with a stale map sends it, must be refused
+            rc, out, t_rest, probe = _rerun_probing_the_fence(
+                fleet, inv, args, source, Node(tgt[0], source.password), probe_shard,
+                tmp_path / "split-rerun.log")
             assert rc == 0, f"split.yml after the kills failed:\n{out[-4000:]}"
+            t_flipped = time.monotonic()
             _wait_ops(w, 200)
         j = json.loads(store.read_raw(journal)[0] or b"{}")
         steps = [s["step"] for s in j["steps"]]
@@ -323,7 +576,23 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert _map(store).range_for(moving[0]).master == tgt[0]
         summary = _check(fleet, store, w.log, shards, moving, r2.master, tgt[0], t0)
         report.append(f"split pair002 -> pair004: {'; '.join(kills)}; the rerun finished in "
-                      f"{t_rest:.0f}s; {summary}")
+                      f"{t_rest:.0f}s (the range frozen {t_flipped - t_frozen:.0f}s after the "
+                      f"kill); {summary}")
+        probe_on_target = None
+        if probe[0] is not None:
+            c = Node(tgt[0], source.password).connect()
+            try:
+                with c.cursor() as cur:
+                    cur.execute(f"SELECT COUNT(*) FROM db{probe_shard:05d}.pins "
+                                "WHERE local_id = %s", (probe[0],))
+                    probe_on_target = bool(cur.fetchone()[0])
+            finally:
+                c.close()
+        report.append(f"a write to moving shard {probe_shard} on the source between the "
+                      f"rerun's fence and its flip: "
+                      + (f"refused ({probe[1][:80]})" if probe[0] is None else
+                         f"ACCEPTED (local ID {probe[0]}; on the target afterwards: "
+                         f"{probe_on_target})"))
         rc, out, _ = _play(fleet, inv, split_pb, *args, "-e", "split_step=cleanup")
         assert rc == 0, out[-3000:]
         c = Node(r2.master, fleet.secrets["vault_mysql_admin_password"]).connect()
@@ -366,6 +635,16 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
         report.append(f"open-range.yml {t_open:.0f}s: 30 new objects in 4096..4111, "
                       f"{len(old_ids)} older ones updated")
+        # last, so that everything above is checked first. The kill between the fence's
+        # UPDATE of mysql.db and its FLUSH PRIVILEGES left the grant table saying fenced
+        # and the server's privileges not; the rerun's fence must still take effect
+        assert probe[0] is None and "1142" in probe[1], (
+            f"between the rerun's fence and its flip the source {r2.master} accepted an "
+            f"application write to moving shard {probe_shard} (local ID {probe[0]}; on the "
+            f"target {tgt[0]} afterwards: {probe_on_target}): the killed run's UPDATE left "
+            "mysql.db saying fenced and its FLUSH PRIVILEGES never ran, and the rerun's "
+            "fence did not make the server's live privileges follow; a router with a stale "
+            "map gets its writes acknowledged after the final position and lost")
     finally:
         print("\ne2e split: " + "\n  ".join(report))
         store.close()
