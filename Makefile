@@ -39,6 +39,7 @@ lint: venv
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
 	$(PY) scripts/role_vars.py
+	$(PYTEST) -q -p no:cacheprovider tests/collection  # the built collection, installed, used from outside
 
 unit: venv
 	$(PYTEST) -q -m "not integration and not e2e" tests/unit
