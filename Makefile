@@ -40,6 +40,7 @@ lint: venv
 	$(BIN)/ansible-lint --profile production
 	$(PY) scripts/role_vars.py
 	$(PYTEST) -q -p no:cacheprovider tests/collection  # the built collection, installed, used from outside
+	scripts/sanity.sh  # ansible-test sanity: the checks that run offline
 
 unit: venv
 	$(PYTEST) -q -m "not integration and not e2e" tests/unit
