@@ -77,6 +77,19 @@ def test_every_module_documents_itself(outside) -> None:
         assert docs[n]["examples"], f"{n} has no EXAMPLES"
 
 
+def test_a_module_runs_with_its_module_utils(outside) -> None:
+    """AnsiballZ packs the collection's module_utils: the module gets as far as its
+    connection (a closed port on 127.0.0.1), not an import error."""
+    cwd, env = outside
+    p = _run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+              "-e", f"ansible_python_interpreter={sys.executable}",
+              "-m", f"{NS}.shard_databases", "-a",
+              json.dumps({"login_port": 1, "range": [0, 1], "connect_timeout": 2})],
+             cwd=cwd, env=env)
+    out = p.stdout + p.stderr
+    assert "cannot connect" in out and "Connection refused" in out, out[-3000:]
+
+
 def test_every_role_is_found(outside) -> None:
     cwd, env = outside
     p = _run([str(BIN / "ansible-doc"), "-t", "role", "--list", "--json", NS], cwd=cwd,
