@@ -39,6 +39,8 @@ lint: venv
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
 	$(PY) scripts/role_vars.py
+	$(PYTEST) -q -p no:cacheprovider tests/collection  # the built collection, installed, used from outside (7-18 s)
+	scripts/sanity.sh  # ansible-test sanity: the checks that run offline
 
 unit: venv
 	$(PYTEST) -q -m "not integration and not e2e" tests/unit

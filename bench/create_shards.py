@@ -92,8 +92,8 @@ def main() -> int:
         assert count_tables(cli) == args.shards * ntables
         print(f"mariadb client: {args.shards} shards in {t_cli:.1f}s", flush=True)
         # 1. the module, one task
-        t_mod = playbook(tmp, [{"shard_databases": {**login(mod), "range": [0, args.shards - 1],
-                                                    "app_user": ""}}])
+        t_mod = playbook(tmp, [{"shardfleet.fleet.shard_databases": {
+            **login(mod), "range": [0, args.shards - 1], "app_user": ""}}])
         assert count_tables(mod) == args.shards * ntables
         print(f"shard_databases: {args.shards} shards in {t_mod:.1f}s", flush=True)
         # 3. the obvious Ansible loop, on a sample, extrapolated
@@ -112,9 +112,8 @@ def main() -> int:
         print(f"mysql_db + mysql_query loop: {args.loop_shards} shards in {t_loop:.1f}s "
               f"-> {t_loop_all:.0f}s extrapolated to {args.shards}", flush=True)
         # 4. the idempotent rerun
-        t_rerun = playbook(tmp, [{"shard_databases": {**login(mod),
-                                                      "range": [0, args.shards - 1],
-                                                      "app_user": ""}}])
+        t_rerun = playbook(tmp, [{"shardfleet.fleet.shard_databases": {
+            **login(mod), "range": [0, args.shards - 1], "app_user": ""}}])
         print(f"shard_databases rerun over {args.shards} existing shards: {t_rerun:.1f}s")
         r1, r2 = t_mod / t_cli, t_loop_all / t_mod
         print(json.dumps({"shards": args.shards, "module_s": round(t_mod, 1),

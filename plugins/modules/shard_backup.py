@@ -174,7 +174,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Back up the standby
-  shard_backup:
+  shardfleet.fleet.shard_backup:
     mode: backup
     bucket: shardfleet-backups
     cluster: default
@@ -183,14 +183,14 @@ EXAMPLES = r"""
     login_password: "{{ mysql_admin_password }}"
 
 - name: Restore the latest backup of pair001 onto this node
-  shard_backup:
+  shardfleet.fleet.shard_backup:
     mode: restore
     bucket: shardfleet-backups
     pair: pair001
     login_password: "{{ mysql_admin_password }}"
 
 - name: Keep a week, at least 7
-  shard_backup:
+  shardfleet.fleet.shard_backup:
     mode: prune
     bucket: shardfleet-backups
     pair: pair001
@@ -232,7 +232,7 @@ import socket
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     require_library,
     service_action,

@@ -100,7 +100,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Receive the copy (target node)
-  shard_copy:
+  shardfleet.fleet.shard_copy:
     mode: receive
     secret: "{{ copy_secret }}"
   async: 3600
@@ -108,7 +108,7 @@ EXAMPLES = r"""
   register: receiving
 
 - name: Send the copy (source node)
-  shard_copy:
+  shardfleet.fleet.shard_copy:
     mode: send
     target: "10.0.1.12:4444"
     secret: "{{ copy_secret }}"
@@ -133,7 +133,7 @@ seconds:
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     require_library,
     service_action,

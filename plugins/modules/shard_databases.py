@@ -19,7 +19,7 @@ description:
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
-  - shardfleet.MYSQL
+  - shardfleet.fleet.mysql
 options:
   range:
     description: First and last shard, inclusive. Mutually exclusive with I(shards).
@@ -69,7 +69,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Create the post's 4,096 shards on pair001's master
-  shard_databases:
+  shardfleet.fleet.shard_databases:
     login_host: 127.0.0.1
     login_user: "{{ mysql_admin_user }}"
     login_password: "{{ mysql_admin_password }}"
@@ -77,7 +77,7 @@ EXAMPLES = r"""
     app_user: "{{ mysql_app_user }}"
 
 - name: Drop moved shards from the old pair (refuses shards with rows)
-  shard_databases:
+  shardfleet.fleet.shard_databases:
     login_user: "{{ mysql_admin_user }}"
     login_password: "{{ mysql_admin_password }}"
     range: [2048, 4095]
@@ -116,7 +116,7 @@ shards_with_rows:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     mysql_argument_spec,
     mysql_connect,

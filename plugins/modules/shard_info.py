@@ -15,7 +15,7 @@ description:
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
-  - shardfleet.ZOOKEEPER
+  - shardfleet.fleet.zookeeper
 options:
   login_user:
     description: MySQL user able to read replication status (the admin user).
@@ -47,7 +47,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: What the fleet looks like
-  shard_info:
+  shardfleet.fleet.shard_info:
     zookeeper_hosts: [zk1:2181, zk2:2181, zk3:2181]
     login_user: "{{ mysql_admin_user }}"
     login_password: "{{ mysql_admin_password }}"
@@ -80,7 +80,7 @@ zookeeper:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     require_library,
     zookeeper_argument_spec,

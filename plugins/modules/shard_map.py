@@ -19,7 +19,7 @@ description:
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
-  - shardfleet.ZOOKEEPER
+  - shardfleet.fleet.zookeeper
 options:
   ranges:
     description:
@@ -57,7 +57,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Register two pairs' ranges
-  shard_map:
+  shardfleet.fleet.shard_map:
     zookeeper_hosts: "{{ groups['zookeeper'] | map('regex_replace', '$', ':2181') | list }}"
     zookeeper_user: "{{ zookeeper_admin_user }}"
     zookeeper_password: "{{ zookeeper_admin_password }}"
@@ -66,7 +66,7 @@ EXAMPLES = r"""
       - {range: [2048, 4095], master: "mysql002a:3306", standby: "mysql002b:3306", state: open}
 
 - name: Close a range to new objects
-  shard_map:
+  shardfleet.fleet.shard_map:
     zookeeper_hosts: [zk1:2181]
     ranges: [{range: [0, 2047], state: closed}]
 """
@@ -88,7 +88,7 @@ changes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     require_library,
     zookeeper_argument_spec,

@@ -41,7 +41,7 @@ description:
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
-  - shardfleet.ZOOKEEPER
+  - shardfleet.fleet.zookeeper
 options:
   pair:
     description: The pair's name (its lock and journal are named after it), e.g. C(pair001).
@@ -155,7 +155,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Planned promotion of pair001's standby
-  shard_promote:
+  shardfleet.fleet.shard_promote:
     zookeeper_hosts: [10.242.0.31:2181]
     zookeeper_user: "{{ zookeeper_admin_user }}"
     zookeeper_password: "{{ zookeeper_admin_password }}"
@@ -164,7 +164,7 @@ EXAMPLES = r"""
     login_password: "{{ mysql_admin_password }}"
 
 - name: The master is dead
-  shard_promote:
+  shardfleet.fleet.shard_promote:
     zookeeper_hosts: [10.242.0.31:2181]
     pair: pair001
     nodes: [10.242.0.11:3306, 10.242.0.12:3306]
@@ -247,7 +247,7 @@ channel_removed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     require_library,
     zookeeper_argument_spec,

@@ -26,7 +26,7 @@ description:
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
-  - shardfleet.ZOOKEEPER
+  - shardfleet.fleet.zookeeper
 options:
   source:
     description: The source pair's master, C(host:port) as the map names it.
@@ -122,7 +122,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Split the upper half of pair001's range onto pair003
-  shard_split:
+  shardfleet.fleet.shard_split:
     zookeeper_hosts: [zk1:2181]
     zookeeper_user: "{{ zookeeper_admin_user }}"
     zookeeper_password: "{{ zookeeper_admin_password }}"
@@ -134,7 +134,7 @@ EXAMPLES = r"""
     step: all
 
 - name: Give up a split before its cutover
-  shard_split:
+  shardfleet.fleet.shard_split:
     zookeeper_hosts: [zk1:2181]
     source: "10.0.0.11:3306"
     target: "10.0.0.51:3306"
@@ -175,7 +175,7 @@ changes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.shardfleet_common import (
+from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
     require_library,
     zookeeper_argument_spec,

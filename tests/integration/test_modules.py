@@ -26,8 +26,9 @@ def run_module(tmp_path, module: str, args: dict, *, check=False, diff=False) ->
     """Run one module task through ansible-playbook; return its registered result and the
     whole output (for secret checks)."""
     result_file = tmp_path / f"result-{uuid.uuid4().hex[:6]}.json"
+    fqcn = module if "." in module else f"shardfleet.fleet.{module}"  # the collection's
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": "t", module: args, "register": "r", "ignore_errors": True},
+        {"name": "t", fqcn: args, "register": "r", "ignore_errors": True},
         {"name": "save", "ansible.builtin.copy": {"content": "{{ r | to_json }}",
                                                   "dest": str(result_file)},
          "check_mode": False, "diff": False}]}]

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-MODULES = sorted((Path(__file__).resolve().parents[2] / "plugins" / "modules").glob("*.py"))
+ROOT = Path(__file__).resolve().parents[2]
+# the collection's modules and the roles' own (the zookeeper role's zookeeper_znode_acl)
+MODULES = sorted([*(ROOT / "plugins" / "modules").glob("*.py"),
+                  *(ROOT / "roles").glob("*/library/*.py")])
 
 
 def _blocks(path: Path) -> dict[str, str]:

@@ -11,9 +11,9 @@ module: zookeeper_znode_acl
 short_description: Ensure a ZooKeeper znode exists with a digest ACL
 description:
   - Creates O(path) when it is missing and sets its ACL to exactly two entries
-    when it differs: the admin digest credential with all permissions, and read
-    access for either the read digest credential or, when O(read_user) is empty,
-    for anyone (C(world:anyone)).
+    when it differs. The admin digest credential gets all permissions; read
+    access goes to the read digest credential or, when O(read_user) is empty,
+    to anyone (C(world:anyone)).
   - Connects with the admin credential, so it can also repair an ACL it set before.
 options:
   hosts:
