@@ -55,7 +55,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Protect /shardfleet
-  zookeeper_znode_acl:
+  shardfleet.fleet.zookeeper_znode_acl:
     path: /shardfleet
     admin_user: shardfleet_admin
     admin_password: "{{ zookeeper_admin_password }}"
@@ -90,7 +90,7 @@ def _key(acl):
 
 
 def _show(acl):
-    return "%s:%s:%d" % (acl.id.scheme, acl.id.id, acl.perms)
+    return f"{acl.id.scheme}:{acl.id.id}:{acl.perms:d}"
 
 
 def main():
@@ -121,12 +121,12 @@ def main():
     zk = KazooClient(
         hosts=p["hosts"],
         timeout=p["timeout"],
-        auth_data=[("digest", "%s:%s" % (p["admin_user"], p["admin_password"]))],
+        auth_data=[("digest", f"{p['admin_user']}:{p['admin_password']}")],
     )
     try:
         zk.start(timeout=p["timeout"])
     except Exception as exc:  # kazoo raises its own timeout types
-        module.fail_json(msg="cannot reach ZooKeeper at %s: %s" % (p["hosts"], exc))
+        module.fail_json(msg=f"cannot reach ZooKeeper at {p['hosts']}: {exc}")
     try:
         created = False
         changed = False
@@ -148,7 +148,7 @@ def main():
             acl=[_show(a) for a in current],
         )
     except Exception as exc:
-        module.fail_json(msg="cannot set the ACL of %s: %s" % (p["path"], exc))
+        module.fail_json(msg=f"cannot set the ACL of {p['path']}: {exc}")
     finally:
         zk.stop()
         zk.close()
