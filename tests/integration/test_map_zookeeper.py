@@ -154,16 +154,19 @@ def test_fenced_shard_refreshes_map_and_retries_once(zookeeper, cluster, mariadb
 def test_write_to_frozen_shard_waits_then_fails(zookeeper, cluster, router, store):
     writer = ZooKeeperMapStore(zookeeper.address, cluster)
     try:
+        # the session's servers are shared: another module's store may have created this
+        # board (the store picks a shard at random) and mapped pins to it
+        board = ids.compose(16, 2, 1)
+        before = store.count("board_has_pins", board)
         v = writer.read()
         writer.write(v.map.with_state((16, 31), "frozen"), v.version)
         wait_until(lambda: router.range_for(16).state == "frozen")
-        board = ids.compose(16, 2, 1)
         t0 = time.monotonic()
         with pytest.raises(ShardFrozenError, match="frozen"):
             store.add("board_has_pins", board, ids.compose(16, 1, 1))
         assert time.monotonic() - t0 >= router.frozen_wait
-        # reads still work on a frozen shard
-        assert store.count("board_has_pins", board) == 0
+        # reads still work on a frozen shard, and the refused write added nothing
+        assert store.count("board_has_pins", board) == before
     finally:
         writer.close()
 
