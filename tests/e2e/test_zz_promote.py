@@ -62,6 +62,39 @@ def _wait_answer(fleet: Fleet, server: str, timeout: float = 90) -> pymysql.conn
             time.sleep(1)
 
 
+def _wait_replicating(fleet: Fleet, server: str, timeout: float = 60) -> None:
+    """*server*'s replication from its peer runs (IO and SQL Yes), bounded."""
+    conn = _admin(fleet, server)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with conn.cursor(pymysql.cursors.DictCursor) as c:
+                c.execute("SHOW SLAVE STATUS")
+                st = c.fetchone()
+            if st and (st["Slave_IO_Running"], st["Slave_SQL_Running"]) == ("Yes", "Yes"):
+                return
+            assert time.monotonic() < deadline, f"{server} does not replicate: {st}"
+            time.sleep(0.5)
+    finally:
+        conn.close()
+
+
+def _wait_applied(fleet: Fleet, server: str, source: str, timeout: int = 120) -> None:
+    """*server* applied *source*'s current binlog position (a GTID wait, bounded)."""
+    src = _admin(fleet, source)
+    try:
+        pos = _one(src, "SELECT @@GLOBAL.gtid_binlog_pos")
+    finally:
+        src.close()
+    conn = _admin(fleet, server, timeout=10)
+    try:
+        with conn.cursor() as c:
+            c.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))
+            assert c.fetchone()[0] == 0, f"{server} did not apply {source}'s {pos}"
+    finally:
+        conn.close()
+
+
 def _node(fleet: Fleet, server: str) -> str:
     return next(h for h in fleet.group("mysql") if server.startswith(fleet.ip(h) + ":"))
 
@@ -89,17 +122,10 @@ def _shards(fleet: Fleet, server: str) -> list[str]:
 def _checksums(fleet: Fleet, server: str, wait_for: str | None = None) -> dict[str, int]:
     """CHECKSUM TABLE of every shard's pins table on *server* (after it has
     applied *wait_for*'s binlog position)."""
+    if wait_for is not None:
+        _wait_applied(fleet, server, wait_for, timeout=120)
     conn = _admin(fleet, server, timeout=10)
     try:
-        if wait_for is not None:
-            src = _admin(fleet, wait_for)
-            try:
-                pos = _one(src, "SELECT @@GLOBAL.gtid_binlog_pos")
-            finally:
-                src.close()
-            with conn.cursor() as c:
-                c.execute("SELECT MASTER_GTID_WAIT(%s, 120)", (pos,))
-                assert c.fetchone()[0] == 0, f"{server} did not apply {wait_for}'s {pos}"
         out: dict[str, int] = {}
         dbs = _shards(fleet, server)
         with conn.cursor() as c:
@@ -157,31 +183,12 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
         oc = _admin(fleet, old)
         try:
             assert _one(oc, "SELECT @@GLOBAL.read_only") == 1, "old master still writable"
-            deadline = time.monotonic() + 30
-            while True:
-                with oc.cursor(pymysql.cursors.DictCursor) as c:
-                    c.execute("SHOW SLAVE STATUS")
-                    st = c.fetchone()
-                if st and st["Slave_SQL_Running"] == "Yes" and st["Slave_IO_Running"] == "Yes":
-                    break
-                assert time.monotonic() < deadline, f"old master not replicating: {st}"
-                time.sleep(0.5)
         finally:
             oc.close()
+        _wait_replicating(fleet, old, timeout=30)
         # the old master (now the standby) may lag: wait for the new master's position
         # (on a busy machine a few hundred writes), never a count
-        nc = _admin(fleet, new)
-        try:
-            pos = _one(nc, "SELECT @@GLOBAL.gtid_binlog_pos")
-        finally:
-            nc.close()
-        oc = _admin(fleet, old, timeout=10)
-        try:
-            with oc.cursor() as c:
-                c.execute("SELECT MASTER_GTID_WAIT(%s, 120)", (pos,))
-                assert c.fetchone()[0] == 0, f"{old} did not apply {pos} within 120 s"
-        finally:
-            oc.close()
+        _wait_applied(fleet, old, new, timeout=120)
         _check_acked(fleet, old, w.acked)
         assert_pairs_replicate(lambda pb: (lambda r: (r.rc, r.output))(
             fleet.playbook(pb.name)))

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pymysql
 import pytest
@@ -125,32 +126,43 @@ def _kill_module(container: str) -> None:
                    capture_output=True, timeout=60)
 
 
-def _split_killed_after(fleet: Fleet, inventory: Path, args: list[str], store: ZooKeeperMapStore,
-                        journal: str, step: str, runner: str, log: Path) -> float:
-    """Run split.yml and kill it (and its module) once *journal* records *step*; returns
-    the seconds from the start to the kill."""
+def _start_split(fleet: Fleet, inventory: Path, args: list[str], out: IO[str]
+                 ) -> subprocess.Popen[bytes]:
+    """split.yml with *args* in its own session (so a kill takes its whole process group),
+    its output to *out*."""
+    return subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml", *args),
+                            cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _split_killed_when(fleet: Fleet, inventory: Path, args: list[str], runner: str, log: Path,
+                       what: str, done: Callable[[], bool]) -> float:
+    """Run split.yml and SIGKILL it (and its module in the container) once *done()*
+    (bounded, :func:`_until`); returns the seconds from the start to the kill."""
     t0 = time.monotonic()
     with log.open("w") as out:
-        p = subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml", *args),
-                             cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = _start_split(fleet, inventory, args, out)
         try:
-            while True:
-                raw, _ = store.read_raw(journal)
-                done = PROGRESS.get(str(json.loads(raw).get("step")), -1) if raw else -1
-                if done >= PROGRESS[step]:
-                    break
-                if p.poll() is not None:
-                    raise AssertionError(f"split.yml ended (rc {p.returncode}) before the "
-                                         f"journal recorded {step}:\n{log.read_text()[-3000:]}")
-                assert time.monotonic() - t0 < 600, f"no {step} in the journal after 600 s"
-                time.sleep(0.05)
+            _until(what, p, log, done)
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(60)
             _kill_module(runner)
     return time.monotonic() - t0
+
+
+def _split_killed_after(fleet: Fleet, inventory: Path, args: list[str], store: ZooKeeperMapStore,
+                        journal: str, step: str, runner: str, log: Path) -> float:
+    """Run split.yml and kill it (and its module) once *journal* records *step*; returns
+    the seconds from the start to the kill."""
+    def recorded() -> bool:
+        raw, _ = store.read_raw(journal)
+        return (PROGRESS.get(str(json.loads(raw).get("step")), -1) if raw else -1) \
+            >= PROGRESS[step]
+
+    return _split_killed_when(fleet, inventory, args, runner, log,
+                              f"{step} in the journal", recorded)
 
 
 def _fence_waiting(conn: pymysql.connections.Connection) -> list[int]:
@@ -230,32 +242,17 @@ def _split_killed_in_cutover(fleet: Fleet, inventory: Path, args: list[str],
     :func:`_fence_held`: once the journal says the cutover started (``cutover_phase``
     freezing), the map shows the moving range frozen and the fence waits (ended unless
     not *end_waiting*). Returns the seconds from the start to the kill."""
+    def frozen_at_the_fence() -> bool:
+        raw, _ = store.read_raw(journal)
+        j = json.loads(raw) if raw else {}
+        r = _map(store).find(moving[0])
+        frozen = r is not None and r.bounds == moving and r.state == "frozen"
+        return (j.get("step"), j.get("cutover_phase")) == ("replicate", "freezing") \
+            and frozen and bool(_fence_waiting(watch))
+
     _end_fence_statements(watch)  # only this run's fence may wait below
-    t0 = time.monotonic()
-    with log.open("w") as out:
-        p = subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml", *args),
-                             cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        try:
-            while True:
-                raw, _ = store.read_raw(journal)
-                j = json.loads(raw) if raw else {}
-                r = _map(store).find(moving[0])
-                frozen = r is not None and r.bounds == moving and r.state == "frozen"
-                if (j.get("step"), j.get("cutover_phase")) == ("replicate", "freezing") \
-                        and frozen and _fence_waiting(watch):
-                    break
-                if p.poll() is not None:
-                    raise AssertionError(f"split.yml ended (rc {p.returncode}) before its "
-                                         f"cutover froze the range:\n{log.read_text()[-3000:]}")
-                assert time.monotonic() - t0 < 600, "no frozen cutover after 600 s"
-                time.sleep(0.05)
-        finally:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(60)
-            _kill_module(runner)
-    secs = time.monotonic() - t0
+    secs = _split_killed_when(fleet, inventory, args, runner, log, "a frozen cutover",
+                              frozen_at_the_fence)
     if end_waiting:
         _end_fence_statements(watch)
     return secs
@@ -320,10 +317,8 @@ def _rerun_probing_the_fence(fleet: Fleet, inventory: Path, args: list[str], sou
         with lock.cursor() as cur:
             cur.execute("LOCK TABLES mysql.db READ")
         with log.open("w") as out:
-            p = subprocess.Popen(_cmd(fleet, inventory, REPO / "playbooks" / "split.yml",
-                                      *args, "-e", "split_cutover_timeout=120"),
-                                 cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+            p = _start_split(fleet, inventory, [*args, "-e", "split_cutover_timeout=120"],
+                             out)
             try:
                 _until("the rerun's fence", p, log, lambda: bool(_fence_waiting(watch)))
                 with watch.cursor() as cur:

@@ -45,7 +45,16 @@ from shardfleet.store import Store
 from tests.integration.test_promote import Writer
 
 from .conftest import BIN, PLAYBOOK_TIMEOUT, REPO, Fleet, Run
-from .test_zz_promote import _admin, _check_acked, _node, _one, _wait_answer
+from .test_zz_promote import (
+    _admin,
+    _check_acked,
+    _node,
+    _one,
+    _wait_answer,
+    _wait_applied,
+    _wait_replicating,
+)
+from .test_zz_split import _app_insert
 
 pytestmark = pytest.mark.e2e
 PAIR = "pair001"  # promoted in an emergency by test_zz_promote; awaits its rebuild
@@ -67,20 +76,21 @@ def _ranges(mapstore: ZooKeeperMapStore, nodes: list[str]) -> list[ShardRange]:
     return [r for r in m.ranges if r.master in nodes]
 
 
-def _read_only(fleet: Fleet, server: str) -> int:
+def _global(fleet: Fleet, server: str, variable: str) -> int:
+    """A numeric global variable of *server* (its own admin connection)."""
     conn = _admin(fleet, server)
     try:
-        return int(_one(conn, "SELECT @@GLOBAL.read_only"))  # type: ignore[arg-type]
+        return int(_one(conn, f"SELECT @@GLOBAL.{variable}"))  # type: ignore[arg-type]
     finally:
         conn.close()
+
+
+def _read_only(fleet: Fleet, server: str) -> int:
+    return _global(fleet, server, "read_only")
 
 
 def _semisync_master(fleet: Fleet, server: str) -> int:
-    conn = _admin(fleet, server)
-    try:
-        return int(_one(conn, "SELECT @@GLOBAL.rpl_semi_sync_master_enabled"))  # type: ignore[arg-type]
-    finally:
-        conn.close()
+    return _global(fleet, server, "rpl_semi_sync_master_enabled")
 
 
 def _changed(run: Run) -> int:
@@ -98,55 +108,6 @@ def _one_writable_per_pair(fleet: Fleet) -> None:
         writable = [n for n in _pair_nodes(fleet, pair) if _read_only(fleet, n) == 0]
         assert len(writable) == 1 and writable[0] in masters, \
             f"{pair}: writable nodes {writable}, map masters {sorted(masters)}"
-
-
-def _wait_replicating(fleet: Fleet, server: str, timeout: float = 60) -> None:
-    """*server*'s replication from its peer runs (IO and SQL Yes), bounded."""
-    conn = _admin(fleet, server)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with conn.cursor(pymysql.cursors.DictCursor) as c:
-                c.execute("SHOW SLAVE STATUS")
-                st = c.fetchone()
-            if st and (st["Slave_IO_Running"], st["Slave_SQL_Running"]) == ("Yes", "Yes"):
-                return
-            assert time.monotonic() < deadline, f"{server} does not replicate: {st}"
-            time.sleep(0.5)
-    finally:
-        conn.close()
-
-
-def _wait_applied(fleet: Fleet, server: str, source: str, timeout: int = 120) -> None:
-    """*server* applied *source*'s current binlog position (a GTID wait, bounded)."""
-    src = _admin(fleet, source)
-    try:
-        pos = _one(src, "SELECT @@GLOBAL.gtid_binlog_pos")
-    finally:
-        src.close()
-    conn = _admin(fleet, server, timeout=10)
-    try:
-        with conn.cursor() as c:
-            c.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))
-            assert c.fetchone()[0] == 0, f"{server} did not apply {source}'s {pos}"
-    finally:
-        conn.close()
-
-
-def _app_insert_error(fleet: Fleet, server: str, shard: int) -> str:
-    """The error of one application write on *server* ('' when it was accepted)."""
-    host, _, port = server.rpartition(":")
-    app = pymysql.connect(host=host, port=int(port), user="shardfleet_app",
-                          password=fleet.secrets["vault_mysql_app_password"], autocommit=True,
-                          connect_timeout=5)
-    try:
-        with app.cursor() as c:
-            c.execute(f"INSERT INTO db{shard:05d}.pins (body) VALUES ('{{}}')")
-        return ""
-    except pymysql.err.MySQLError as exc:
-        return repr(exc)
-    finally:
-        app.close()
 
 
 def _routed(fleet: Fleet) -> tuple[Router, Store]:
@@ -198,7 +159,7 @@ def test_new_master_restarted_after_the_emergency(fleet: Fleet) -> None:
                     f"no write refused with 1290 after the restart: {w.errors[-3:]}"
                 time.sleep(0.2)
             assert w.first_ack_after(t_up) is None, "a write was acknowledged by a read-only pair"
-            err = _app_insert_error(fleet, master, shard)
+            err = _app_insert(master, fleet.secrets["vault_mysql_app_password"], shard)[1]
             assert "1290" in err or "read-only" in err, err
             assert _ranges(mapstore, _pair_nodes(fleet, PAIR))[0].master == master
 

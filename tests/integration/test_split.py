@@ -175,15 +175,22 @@ def test_resume_after_a_crash_between_the_flip_and_the_journal(fleet):
     assert not [r for r in slaves if r[0]], "the split's replication connection is left"
 
 
-def test_resume_after_a_crash_inside_the_cutover(fleet, tmp_path):
-    """A run dies after the freeze and the fence (routers hold writes); the rerun finishes."""
+def freeze_as_a_cutover_that_died(fleet: SplitFleet, *, fence: bool) -> None:
+    """What a cutover run killed after its freeze leaves: clone and replicate done, the
+    journal in the freezing phase, the range frozen in the map; *fence*: its fence taken."""
     with fleet.split() as sp:
         sp.run("clone")
         sp.run("replicate")
         sp.resolve()
         sp._note(cutover_phase="freezing")
         sp._freeze()
-        sp._set_fence(True)
+        if fence:
+            sp._set_fence(True)
+
+
+def test_resume_after_a_crash_inside_the_cutover(fleet, tmp_path):
+    """A run dies after the freeze and the fence (routers hold writes); the rerun finishes."""
+    freeze_as_a_cutover_that_died(fleet, fence=True)
     assert fleet.map().range_for(20).state == "frozen" and fence_writes(fleet) == 16
     with fleet.split() as sp:
         res = sp.run("all")
@@ -212,13 +219,8 @@ def test_a_kill_between_the_fence_and_its_flush_leaves_a_fence_that_holds(fleet)
     """The fence is an UPDATE of mysql.db then FLUSH PRIVILEGES. A run killed between the
     two leaves the table fenced and the live privileges open; the rerun must not trust the
     table: while it drains, the application's writes to the moving shards are refused."""
-    with fleet.split() as sp:
-        sp.run("clone")
-        sp.run("replicate")
-        sp.resolve()
-        sp._note(cutover_phase="freezing")
-        sp._freeze()
-    # what the killed run had done: the UPDATE, not the FLUSH
+    freeze_as_a_cutover_that_died(fleet, fence=False)
+    # what the killed run had done too: the fence's UPDATE, not its FLUSH
     fleet.source.sql("UPDATE mysql.db SET Insert_priv='N', Update_priv='N', Delete_priv='N' "
                      "WHERE User=%s AND Db BETWEEN 'db00016' AND 'db00031'", (APP_USER,))
     assert fence_writes(fleet) == 16 and app_write(fleet, 20) == "ok"
