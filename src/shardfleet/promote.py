@@ -1465,15 +1465,17 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     if opts.copy not in ("logical", "physical"):
         raise PromotionRefused(f"copy must be 'logical' or 'physical', not {opts.copy!r}")
     res = Result(mode="rebuild", pair=pair)
-    if _rebuild_target(store, pair, nodes, res)[2] is None:  # no mark: no lock needed
-        return res
     run = _Run(store, pair, res, check, name=f"rebuild-{pair}")
     run.nodes = nodes
+    if _rebuild_target(store, pair, nodes, res)[2] is None and not _in_flight(run):
+        return res  # no mark and no unfinished rebuild: no lock needed
     try:
         with _held(run, opts) as runner:
             # decided under the locks: the same command started beside a running one
             # waited for them, and finds the rebuild it waited for done (no mark left)
             cur, ranges, node = _rebuild_target(store, pair, nodes, res)
+            if node is None:
+                node = _unfinished_rebuild(run, ranges)
             if node is None:
                 return res
             assert cur.map is not None
@@ -1491,6 +1493,35 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     except ERRORS as exc:
         raise _rebuild_unexpected(run, res.old_master or "the node", exc) from exc
     return res
+
+
+def _in_flight(run: _Run) -> dict[str, Any] | None:
+    """The pair's rebuild journal when a run of it stopped before finishing."""
+    j = run.journal.load()
+    return j if j and not j.get("done") else None
+
+
+def _unfinished_rebuild(run: _Run, ranges: list[ShardRange]) -> str | None:
+    """No range marks a node, yet a rebuild's journal is in flight: that run cleared the
+    mark and stopped before its last check (the master lost mid-check). The node it
+    rebuilt, to finish that rebuild (its steps find themselves done); None when there is
+    no such journal. Refused when the map no longer names that node the standby."""
+    j = _in_flight(run)
+    if j is None:
+        return None
+    node, master = str(j.get("node") or ""), str(j.get("master") or "")
+    if not all((r.master, r.standby) == (master, node) for r in ranges):
+        raise PromotionRefused(
+            f"the rebuild journal {run.journal.path} is in flight (step {j.get('step')!r}, "
+            f"{node} as the standby of {master}) but the map's ranges of {run.pair} name "
+            "other servers and mark none for rebuild; nothing changed. Look first "
+            "(ansible-playbook playbooks/fleet-status.yml)")
+    res = run.res
+    res.steps = []
+    res.old_master, res.new_master, res.resumed = node, master, True
+    res.warnings.append(f"finishing the unfinished rebuild of {node} (journal step "
+                        f"{j.get('step')!r}): the map names it the standby already")
+    return node
 
 
 def _marked(ranges: list[ShardRange]) -> set[str]:
@@ -1531,11 +1562,17 @@ def _rebuild_unexpected(run: _Run, node: str, exc: BaseException) -> ShardfleetE
         return PromotionRefused(f"rebuild of {node} in {run.pair} stopped before any change: "
                                 f"{what}; nothing changed")
     step = (run.journal.data or {}).get("step", "start")
+    state = {
+        "replicating": "The node replicates from its master and back, read_only, still "
+                       "marked for rebuild",
+        "mark_cleared": "The map names the node the standby again (the mark is cleared); "
+                        "only the rebuild's last check of both channels did not finish",
+    }.get(step, "The node is fenced (read_only, replication stopped) and still marked for "
+                "rebuild")
     return PromotionFailed(
-        f"rebuild of {node} in {run.pair} failed after step {step!r}: {what}. The node is "
-        "fenced (read_only, replication stopped) and still marked for rebuild; the pair "
-        "serves from its master. Fix the cause and run playbooks/rebuild-standby.yml again "
-        f"(the journal {run.journal.path} is in flight until then)")
+        f"rebuild of {node} in {run.pair} failed after step {step!r}: {what}. {state}; the "
+        "pair serves from its master. Fix the cause and run playbooks/rebuild-standby.yml "
+        f"again (the journal {run.journal.path} is in flight until then)")
 
 
 class _CopyNeeded(Exception):
@@ -1570,6 +1607,7 @@ class _Rebuild:
         if not journal.get("done") and (journal.get("node"), journal.get("master")) == (
                 node, master):
             self.resumed = journal
+            res.resumed = True
         self.nconn, why = try_connect(node, opts)
         if self.nconn is None and run.check:
             res.changed = True

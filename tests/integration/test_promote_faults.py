@@ -516,3 +516,50 @@ def test_emergency_on_a_silent_master_goes_on_after_the_standby_hears_nothing(
     finally:
         conn.close()
     rebuild_and_check(zk_store, pair, master, standby)
+
+
+def test_a_rebuild_that_lost_the_master_after_clearing_the_mark_is_finished_by_its_rerun(
+        pair, zk_store, monkeypatch):
+    """Found by the fault campaign in CI (seeds 875687, 875693: a partition between the
+    control node and the master during the rebuild): the connection to the master was
+    lost after the map write that cleared the mark, while the rebuild checked both
+    channels. It failed saying the node was "still marked for rebuild" (it was not), and
+    every rerun said "nothing to do: no server of the pair is marked" without finishing
+    the journal: the rebuild stayed in flight and the registry refused every later
+    operation on the pair. The rerun finishes it now, and the failure says what is left."""
+    master, standby = roles(pair)
+    master.kill()
+    promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    master.start()
+    real = promote._Rebuild._clear_mark
+    killed: dict[str, int] = {}
+
+    def clear_then_lose_the_master(self: Any) -> None:
+        real(self)
+        # the partition: the rebuild's connection to the master is gone after the write
+        killed["id"] = self.mconn.thread_id()
+        standby.sql(f"KILL {killed['id']}")
+
+    monkeypatch.setattr(promote._Rebuild, "_clear_mark", clear_then_lose_the_master)
+    with pytest.raises(PromotionFailed) as failed:
+        promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts())
+    monkeypatch.undo()
+    assert killed, "the rebuild never cleared the mark"
+    msg = str(failed.value)
+    assert "mark_cleared" in msg and "still marked" not in msg, msg
+    assert "rebuild-standby.yml again" in msg, msg
+    m = zk_store.read().map
+    assert all(r.standby == master.address and "rebuild" not in r.extra for r in m.ranges)
+    j = ops.Journal(zk_store, f"rebuild-{PAIR}").load()
+    assert j and not j.get("done"), j
+    again = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts())
+    assert again.changed and again.resumed, again.to_dict()
+    assert ops.Journal(zk_store, f"rebuild-{PAIR}").load().get("done"), "left in flight"
+    both_ways(master, standby)
+    # now it is finished: a rerun changes nothing
+    last = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts())
+    assert not last.changed, last.to_dict()
+    # and the pair takes the next operation (the registry holds nothing in flight)
+    res = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
+    assert res.changed, res.to_dict()
+    both_ways(master, standby)
