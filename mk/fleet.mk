@@ -2,6 +2,7 @@
 #   make image        base image for the fleet's containers (skipped when it exists)
 #   make fleet        deps + image + containers + site.yml + smoke test + fleet table
 #   make fleet-down   remove the fleet's containers and network
+#   make fleet-add PAIR=pair003[,pair004]   add MySQL pairs (inventory, containers, mysql role)
 #   make molecule     every role's molecule scenario (`molecule test`, with idempotence)
 #   make e2e          site.yml on fresh containers + security tests (pytest -m e2e)
 
@@ -11,7 +12,7 @@ FLEET_INVENTORY   ?= inventories/local
 MOLECULE_SCENARIOS ?= memcached redis mysql zookeeper
 ANSIBLE_PLAYBOOK  := $(BIN)/ansible-playbook -i $(FLEET_INVENTORY)
 
-.PHONY: image fleet fleet-up fleet-down fleet-status fleet-smoke molecule e2e
+.PHONY: image fleet fleet-up fleet-down fleet-add fleet-status fleet-smoke molecule e2e
 
 image: host-deps
 	@scripts/build-image.sh
@@ -29,6 +30,10 @@ fleet-status: venv
 
 fleet-smoke: venv
 	$(PY) scripts/fleet-smoke.py
+
+fleet-add: venv image
+	@test -n "$(PAIR)" || { echo "usage: make fleet-add PAIR=pair003[,pair004...]"; exit 2; }
+	$(ANSIBLE_PLAYBOOK) playbooks/fleet-add.yml -e pair=$(PAIR)
 
 fleet-down: venv
 	$(ANSIBLE_PLAYBOOK) playbooks/fleet-down.yml

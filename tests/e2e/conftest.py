@@ -122,7 +122,8 @@ class Fleet:
 
 
 def _write_inventory(dest: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    shutil.copytree(LOCAL_INVENTORY, dest)
+    # pairs a developer added to the shipped inventory (make fleet-add) are not this fleet's
+    shutil.copytree(LOCAL_INVENTORY, dest, ignore=shutil.ignore_patterns("added-pairs.yml"))
     text = (LOCAL_INVENTORY / "hosts.yml").read_text()
     text = text.replace(f" {PREFIX_FROM}", f" {PREFIX_TO}").replace(NET_FROM, NET_TO)
     (dest / "hosts.yml").write_text(text)

@@ -84,15 +84,22 @@ class Node:
                                password=self.password, autocommit=True, connect_timeout=5)
 
 
-def _inventory_with_new_pairs(fleet: Fleet, dest: Path) -> Path:
-    inv = yaml.safe_load((fleet.inventory / "hosts.yml").read_text())
-    mysql = inv["all"]["children"]["fleet"]["children"]["mysql"]["hosts"]
-    for host, (pair, side, ip) in NEW.items():
-        mysql[host] = {"shardfleet_pair": pair, "shardfleet_side": side,
-                       "shardfleet_container_ip": ip}
+def _add_new_pairs(fleet: Fleet, dest: Path) -> tuple[Path, float, float]:
+    """The new pairs as on-call adds them: fleet-add.yml (make fleet-add) on a copy of the
+    fleet's inventory; it must choose NEW's names and addresses, and a rerun changes
+    nothing. (the inventory, seconds of the first run, of the rerun)"""
     shutil.copytree(fleet.inventory, dest)
-    (dest / "hosts.yml").write_text(yaml.safe_dump(inv))
-    return dest
+    add = ["-e", "pair=pair003,pair004,pair005"]
+    rc, out, t_add = _play(fleet, dest, REPO / "playbooks" / "fleet-add.yml", *add)
+    assert rc == 0, f"fleet-add.yml failed:\n{out[-3000:]}"
+    added = yaml.safe_load((dest / "added-pairs.yml").read_text())
+    hosts = added["all"]["children"]["fleet"]["children"]["mysql"]["hosts"]
+    got = {h: (v["shardfleet_pair"], v["shardfleet_side"], v["shardfleet_container_ip"])
+           for h, v in hosts.items()}
+    assert got == NEW, f"fleet-add chose {got}"
+    rc, again, t_again = _play(fleet, dest, REPO / "playbooks" / "fleet-add.yml", *add)
+    assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
+    return dest, t_add, t_again
 
 
 def _cmd(fleet: Fleet, inventory: Path, playbook: Path, *args: str) -> list[str]:
@@ -420,21 +427,14 @@ def _check(fleet: Fleet, store: ZooKeeperMapStore, log: WriterLog, shards: list[
 
 def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; nothing to split"
-    inv = _inventory_with_new_pairs(fleet, tmp_path / "inventory")
     zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
     store = ZooKeeperMapStore(zk, "default")
     split_pb = REPO / "playbooks" / "split.yml"
     report: list[str] = []
     try:
-        rc, out, t_up = _play(fleet, inv, REPO / "playbooks" / "fleet-up.yml")
-        assert rc == 0, f"fleet-up for the new pairs failed:\n{out[-3000:]}"
-        pb = tmp_path / "new-pairs.yml"
-        pb.write_text(yaml.safe_dump([{
-            "name": "MySQL pair003..pair005", "hosts": ",".join(NEW), "become": False,
-            "gather_subset": ["network"], "roles": [{"role": "mysql"}]}]))
-        rc, out, t_mysql = _play(fleet, inv, pb)
-        assert rc == 0, f"the mysql role on the new pairs failed:\n{out[-3000:]}"
-        report.append(f"6 containers up {t_up:.0f}s, mysql role {t_mysql:.0f}s")
+        inv, t_add, t_again = _add_new_pairs(fleet, tmp_path / "inventory")
+        report.append(f"fleet-add.yml of 3 pairs (6 containers, the mysql role on them only) "
+                      f"{t_add:.0f}s, its rerun {t_again:.0f}s (no change)")
 
         # -- 1. refusals change nothing ---------------------------------------------
         v0 = store.read().version
@@ -630,6 +630,34 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
         report.append(f"open-range.yml {t_open:.0f}s: 30 new objects in 4096..4111, "
                       f"{len(old_ids)} older ones updated")
+        # -- 5. nothing removes a server the map names ---------------------------------
+        # fleet-up from the inventory without the new pairs (a second `make fleet` from the
+        # default inventory) keeps them: the map routes ranges to all six
+        m = _map(store)
+        named = {h for h, (_, _, ip) in NEW.items() if m.ranges_of(f"{ip}:3306")}
+        assert named == set(NEW), f"the map names only {sorted(named)} of the new pairs"
+        rc, out, _ = _play(fleet, fleet.inventory, REPO / "playbooks" / "fleet-up.yml")
+        assert rc == 0, f"fleet-up from the fleet's own inventory failed:\n{out[-3000:]}"
+        flat = " ".join(out.split())  # Ansible wraps its warnings
+        for h in NEW:
+            assert f"kept {h} (not in the inventory)" in flat, (h, out[-3000:])
+        running = subprocess.run(["podman", "ps", "--format", "{{.Names}}"], text=True,
+                                 capture_output=True, check=True).stdout.split()
+        assert set(NEW) <= set(running), f"fleet-up removed {set(NEW) - set(running)}"
+        # removing one of them alone is refused, naming its ranges; nothing is removed
+        victim = next(h for h in NEW if h.endswith("004a"))
+        rc, out, _ = _play(fleet, inv, REPO / "playbooks" / "fleet-down.yml",
+                           "-e", json.dumps({"fleet_down_hosts": [victim]}))
+        flat = " ".join(out.split())
+        assert rc != 0 and "refusing to remove 1 host(s)" in flat and f"{victim} is " in flat \
+            and "fleet_data_may_go=true" in flat, out[-3000:]
+        running = subprocess.run(["podman", "ps", "--format", "{{.Names}}"], text=True,
+                                 capture_output=True, check=True).stdout.split()
+        assert victim in running, "a refused fleet-down removed the container"
+        c = Node(NEW[victim][2] + ":3306", fleet.secrets["vault_mysql_admin_password"]).connect()
+        c.close()
+        report.append("fleet-up without the new pairs kept all 6 (the map names them); "
+                      f"fleet-down of {victim} alone refused")
         # last, so that everything above is checked first. The kill between the fence's
         # UPDATE of mysql.db and its FLUSH PRIVILEGES left the grant table saying fenced
         # and the server's privileges not; the rerun's fence must still take effect

@@ -228,3 +228,39 @@ def test_shard_info_and_status_command(tmp_path, zookeeper, cluster, mariadb_pai
                         "--user", "root", "--json"], capture_output=True, text=True, env=env,
                        timeout=60)
     assert json.loads(p.stdout)["servers"][b.address]["shards"] >= 16
+
+
+def test_shard_hosts_keeps_and_refuses_what_the_map_names(tmp_path, zookeeper, mariadb_pair):
+    """Nothing removes a server the map names: a host to remove that the map names is
+    refused naming its ranges (unless data_may_go), an unlisted one is kept and
+    reported; an unreachable ZooKeeper keeps everything (or refuses a removal)."""
+    from shardfleet.testing import free_port
+
+    a, b = mariadb_pair
+    cluster = "h" + uuid.uuid4().hex[:8]
+    run_module(tmp_path, "shard_map", {**zk_args(zookeeper, cluster), "ranges": [
+        {"range": [0, 2047], "master": a.address, "standby": "10.9.9.2:3306"},
+        {"range": [2048, 4095], "master": "10.9.9.3:3306"}]})
+    zk = zk_args(zookeeper, cluster)
+    res, _ = run_module(tmp_path, "shard_hosts", {
+        **zk, "unlisted": {"gone1": ["10.9.9.9"], "kept3": ["10.9.9.3"]},
+        "remove": {"other": ["10.9.9.7"]}}, check=True)
+    assert not res.get("failed"), res
+    assert sorted(res["removable"]) == ["gone1", "other"], res
+    assert res["kept"] == {"kept3": ["master of [2048, 4095] (open)"]}, res
+    assert any("kept kept3" in w for w in res["warnings"]), res
+    res, _ = run_module(tmp_path, "shard_hosts", {
+        **zk, "remove": {"mysql2": ["10.9.9.2"], "db1": ["127.0.0.1", "db1"]}})
+    assert res["failed"] and "refusing to remove 2 host(s)" in res["msg"], res
+    assert "mysql2 is standby of [0, 2047]" in res["msg"], res["msg"]
+    assert "fleet_data_may_go=true" in res["msg"], res["msg"]
+    res, _ = run_module(tmp_path, "shard_hosts", {
+        **zk, "remove": {"mysql2": ["10.9.9.2"]}, "data_may_go": True})
+    assert res["removable"] == ["mysql2"] and "mysql2" in res["allowed"], res
+    dead = {"zookeeper_hosts": [f"127.0.0.1:{free_port()}"], "zookeeper_timeout": 2}
+    res, _ = run_module(tmp_path, "shard_hosts", {**dead, "unlisted": {"x": ["10.9.9.3"]}})
+    assert not res.get("failed") and res["removable"] == [] and "x" in res["kept"], res
+    res, _ = run_module(tmp_path, "shard_hosts", {**dead, "remove": {"x": ["10.9.9.8"]}})
+    assert res["failed"] and "cannot read the shard map" in res["msg"], res
+    res, _ = run_module(tmp_path, "shard_hosts", {"zookeeper_hosts": dead["zookeeper_hosts"]})
+    assert not res.get("failed") and res["removable"] == [], "nothing to decide: no contact"
