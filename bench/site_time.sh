@@ -12,6 +12,7 @@ export PATH="$PWD/.venv/bin:$PATH" ANSIBLE_CONFIG="$PWD/ansible.cfg" ANSIBLE_NOC
 work="$(mktemp -d /tmp/shardfleet-bench.XXXXXX)"
 logs="$PWD/.cache/bench"; mkdir -p "$logs"
 cp -r inventories/local "$work/inventory"
+rm -f "$work/inventory/added-pairs.yml"  # pairs a developer added are not the bench's
 sed -e 's/ sf-/ sfbench-/g' -e 's/10\.242\.0\./10.242.2./g' inventories/local/hosts.yml >"$work/inventory/hosts.yml"
 cat >"$work/vars.yml" <<'VARS'
 shardfleet_network: shardfleet-bench
