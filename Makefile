@@ -38,7 +38,7 @@ lint: venv
 	$(BIN)/mypy src/shardfleet
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
-	$(PY) scripts/role_vars.py
+	$(PY) scripts/role_docs.py  # the README role tables = roles/*/meta/argument_specs.yml
 	$(PYTEST) -q -p no:cacheprovider tests/collection  # the built collection, installed, used from outside (7-18 s)
 	scripts/sanity.sh  # ansible-test sanity: the checks that run offline
 

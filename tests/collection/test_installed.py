@@ -1,8 +1,10 @@
 """The collection as ops teams get it: `ansible-galaxy collection build`, installed into
 a temporary collections path, used from a directory outside the checkout with no
 ansible.cfg. Every module renders with `ansible-doc` (its doc fragments resolve by FQCN),
-every role is found by FQCN, and every playbook passes `--syntax-check` by FQCN (a
-playbook's FQCN is its file name with '-' as '_': a '-' is not valid in one).
+every role is found by FQCN and `ansible-doc -t role` shows its argument specs (each entry
+point and option of its meta/argument_specs.yml), and every playbook passes
+`--syntax-check` by FQCN (a playbook's FQCN is its file name with '-' as '_': a '-' is
+not valid in one).
 
 Runs in the lint tier (`make lint`); no servers, no network (`--offline`)."""
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -96,10 +99,34 @@ def test_every_role_is_found(outside) -> None:
              env=env)
     assert p.returncode == 0, f"ansible-doc -t role --list failed:\n{p.stderr}"
     assert sorted(json.loads(p.stdout)) == [f"{NS}.{r}" for r in ROLES], p.stdout
-    # and each by name (a role without meta/argument_specs.yml documents no entry point)
+
+
+def test_every_role_documents_its_argument_specs(outside) -> None:
+    """ansible-doc -t role renders each role's meta/argument_specs.yml from the installed
+    copy: every entry point, every option, with its type (and `required` where the
+    checkout's spec says so)."""
+    cwd, env = outside
     p = _run([str(BIN / "ansible-doc"), "-t", "role", "--json", *(f"{NS}.{r}" for r in ROLES)],
              cwd=cwd, env=env)
     assert p.returncode == 0 and "ERROR" not in p.stderr, p.stderr
+    docs = json.loads(p.stdout)
+    for role in ROLES:
+        spec = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
+        shown = (docs.get(f"{NS}.{role}") or {}).get("entry_points") or {}
+        assert set(shown) == set(spec["argument_specs"]), (
+            f"ansible-doc -t role {NS}.{role} shows entry points {sorted(shown)}")
+        for entry, want in spec["argument_specs"].items():
+            options = shown[entry].get("options") or {}
+            assert set(options) == set(want["options"]), (
+                f"{NS}.{role}:{entry}: ansible-doc shows options {sorted(options)}")
+            for name, opt in want["options"].items():
+                assert options[name].get("type") == opt["type"], f"{role}:{entry}:{name}"
+                assert bool(options[name].get("required")) == bool(opt.get("required")), name
+    # and as text, the way an operator reads it
+    p = _run([str(BIN / "ansible-doc"), "-t", "role", f"{NS}.mysql"], cwd=cwd, env=env)
+    shown = re.search(r"ENTRY POINT: \W*main\b", p.stdout)
+    assert p.returncode == 0 and shown, p.stdout[-2000:] + p.stderr
+    assert "mysql_admin_password" in p.stdout and "mysql_server_id" in p.stdout, p.stdout[-2000:]
 
 
 def test_every_playbook_passes_syntax_check_by_fqcn(outside) -> None:
