@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shardfleet import ids, ops
+from shardfleet import ids, ops, topology
 from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.router import Router
 from shardfleet.shardmap import ShardMap
@@ -77,14 +77,26 @@ def both_ways(a: MariaDBServer, b: MariaDBServer, timeout: float = 30.0) -> list
     if r != 0:
         return [f"{b.address} did not apply {a.address}'s position within {timeout}s"]
     for src, dst in ((a, b), (b, a)):
+        # the row itself is awaited: a wait for src's whole binlog position also waits for
+        # src's copy of dst's own domain, which dst never applies (its own server id)
         mark = uuid.uuid4().hex
         src.sql("INSERT INTO sf_faults.marks VALUES (%s)", (mark,))
-        pos = src.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
-        r = dst.sql("SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))[0][0]
-        got = dst.sql("SELECT COUNT(*) FROM sf_faults.marks WHERE mark = %s", (mark,))[0][0]
-        if r != 0 or got != 1:
-            out.append(f"a row written on {src.address} did not reach {dst.address} "
-                       f"within {timeout}s")
+        deadline = time.monotonic() + timeout
+        while not dst.sql("SELECT COUNT(*) FROM sf_faults.marks WHERE mark = %s", (mark,))[0][0]:
+            if time.monotonic() > deadline:
+                conn = dst.connect()
+                try:
+                    rows = topology.dict_rows(conn, "SHOW ALL SLAVES STATUS")
+                finally:
+                    conn.close()
+                out.append(f"a row written on {src.address} did not reach {dst.address} "
+                           f"within {timeout}s; its channels: " + "; ".join(
+                               f"{r['Connection_name'] or 'default'} IO {r['Slave_IO_Running']}"
+                               f" SQL {r['Slave_SQL_Running']} at {r['Gtid_IO_Pos']} "
+                               f"{r['Last_Error'] or ''}{r['Last_IO_Error'] or ''}"
+                               for r in rows))
+                break
+            time.sleep(0.1)
     return out
 
 
