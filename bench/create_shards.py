@@ -160,10 +160,12 @@ def main() -> int:
         print(f"shard_databases rerun over {args.shards} existing shards: {t_rerun:.1f}s")
         print(json.dumps({"shards": args.shards, "rounds": [
             {k: round(v, 1) for k, v in r.items()} for r in rounds]}))
-        print(f"\nshard_databases / mariadb client = {r1:.2f}x, median of {len(rounds)} "
-              f"alternating rounds (goal <= 1.3x) {'OK' if r1 <= 1.3 else 'MISSED'}")
-        print(f"mysql_db+mysql_query loop / shard_databases = {r2:.0f}x (goal >= 30x) "
-              f"{'OK' if r2 >= 30 else 'MISSED'}")
+        b1 = min(r["module"] / r["client"] for r in rounds)
+        b2 = max(r["loop"] / r["module"] for r in rounds)
+        print(f"\nshard_databases / mariadb client = {r1:.2f}x median, {b1:.2f}x best of "
+              f"{len(rounds)} alternating rounds (goal <= 1.3x) {'OK' if r1 <= 1.3 else 'MISSED'}")
+        print(f"mysql_db+mysql_query loop / shard_databases = {r2:.0f}x median, {b2:.0f}x best "
+              f"(goal >= 30x) {'OK' if r2 >= 30 else 'MISSED'}")
         print(f"idempotent rerun = {t_rerun:.1f}s (goal <= 5s) "
               f"{'OK' if t_rerun <= 5 else 'MISSED'}")
     finally:
