@@ -148,12 +148,23 @@ def main() -> int:
     ap.add_argument("--profile", default=str(ROOT / ".fleet" / "local.json"))
     ap.add_argument("--cluster", default="default", help="shard map cluster name")
     args = ap.parse_args()
-    profile = json.loads(Path(args.profile).read_text())
+    try:
+        profile = json.loads(Path(args.profile).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"fleet smoke test FAILED: cannot read the profile {args.profile}: {exc} "
+              "(playbooks/fleet-status.yml writes it)")
+        return 1
     print(f"fleet smoke test ({args.profile})")
-    mysql_checks(profile)
-    zookeeper_checks(profile)
-    cache_checks(profile)
-    router_roundtrip(profile, args.cluster)
+    # each group of checks reports its own failures; an error it did not expect (a server
+    # gone, a missing profile key) is one failed line too, never a traceback
+    for name, run in (("mysql", lambda: mysql_checks(profile)),
+                      ("zookeeper", lambda: zookeeper_checks(profile)),
+                      ("caches", lambda: cache_checks(profile)),
+                      ("router round trip", lambda: router_roundtrip(profile, args.cluster))):
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - reported as one line
+            check(name, False, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
     if failures:
         print(f"fleet smoke test FAILED: {', '.join(failures)}")
         return 1
