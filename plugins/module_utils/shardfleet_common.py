@@ -73,18 +73,31 @@ def mysql_connect(module, **kw):
                                 unix_socket=p["login_unix_socket"], **kw)
 
 
-def zookeeper_store(module):
-    """A map store from the ZooKeeper options; fail_json when it cannot connect."""
+def zookeeper_hosts(module):
+    """The ensemble of the ZooKeeper options as one connect string."""
+    return ",".join(h.strip() for h in module.params["zookeeper_hosts"] for h in h.split(",")
+                    if h.strip())
+
+
+def open_zookeeper_store(module):
+    """A map store from the ZooKeeper options, connected or not (``store.connected``);
+    raises what the client raises."""
     from shardfleet.mapstore import ZooKeeperMapStore
 
     p = module.params
-    hosts = ",".join(h.strip() for h in p["zookeeper_hosts"] for h in h.split(",") if h.strip())
     auth = None
     if p.get("zookeeper_user"):
         auth = (p["zookeeper_user"], p.get("zookeeper_password") or "")
+    return ZooKeeperMapStore(zookeeper_hosts(module), p["cluster"], root=p["zookeeper_root"],
+                             auth=auth, timeout=p["zookeeper_timeout"])
+
+
+def zookeeper_store(module):
+    """A map store from the ZooKeeper options; fail_json when it cannot connect."""
+    p = module.params
+    hosts = zookeeper_hosts(module)
     with library_errors(module, f"ZooKeeper at {hosts}"):
-        store = ZooKeeperMapStore(hosts, p["cluster"], root=p["zookeeper_root"], auth=auth,
-                                  timeout=p["zookeeper_timeout"])
+        store = open_zookeeper_store(module)
     if not store.connected:
         store.close(timeout=1)
         module.fail_json(msg=f"ZooKeeper at {hosts} is unreachable "

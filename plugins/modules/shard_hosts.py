@@ -82,23 +82,20 @@ map_version:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
+    open_zookeeper_store,
     require_library,
     zookeeper_argument_spec,
+    zookeeper_hosts,
 )
 
 
 def _read_map(module):
     """(the map or None, its version, None) or (None, None, why it could not be read)."""
-    from shardfleet.mapstore import ZooKeeperMapStore
-
     p = module.params
-    hosts = ",".join(h.strip() for h in p["zookeeper_hosts"] for h in h.split(",") if h.strip())
-    auth = (p["zookeeper_user"], p.get("zookeeper_password") or "") \
-        if p.get("zookeeper_user") else None
+    hosts = zookeeper_hosts(module)
     store = None
     try:
-        store = ZooKeeperMapStore(hosts, p["cluster"], root=p["zookeeper_root"], auth=auth,
-                                  timeout=p["zookeeper_timeout"])
+        store = open_zookeeper_store(module)
         if not store.connected:
             return None, None, (f"ZooKeeper at {hosts} gave no session within "
                                 f"{p['zookeeper_timeout']}s")
