@@ -7,8 +7,12 @@ shape, one entry per range, arrays for the bounds::
      "ranges": [{"range": [0, 511], "master": "mysql001a:3306",
                  "standby": "mysql001b:3306", "state": "open"}, ...]}
 
-A bare list of range entries is also accepted on input (mod_shard_count then
-defaults to 4096). ``mod_shard_count`` is the initial shard count that mod-shard
+That is also the stored form (:meth:`ShardMap.to_bytes`, what ZooKeeper and a
+router's cache file hold), written one range per line: a map of 4,096 ranges is
+about 400 KiB, and a new version differs from the last in a line or two, which is
+what lets a router read it cheaply (:func:`loads`). A bare list of range entries
+is also accepted on input (mod_shard_count then defaults to 4096), as is any other
+layout of the same JSON. ``mod_shard_count`` is the initial shard count that mod-shard
 keys hash over; it is fixed forever once the map exists.
 
 States: ``open`` accepts new objects, ``closed`` serves existing ones (and new
@@ -19,10 +23,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import cached_property
+from itertools import repeat
+from typing import Any, cast
 
 from shardfleet import ids
 from shardfleet.errors import MapError, ShardNotMappedError
@@ -82,6 +89,12 @@ class ShardRange:
         return (f"[{self.first}, {self.last}] master={self.master} "
                 f"standby={self.standby or '-'} state={self.state}")
 
+    @cached_property
+    def _line(self) -> bytes:
+        """This entry's line in the stored form, computed once (a range is immutable,
+        and no edit changes ``extra`` in place: each builds a new range)."""
+        return _INDENT + json.dumps(self.to_dict()).encode("ascii")
+
 
 def _check_range(r: ShardRange, where: str, known_hosts: set[str] | None) -> None:
     for name, v in (("first", r.first), ("last", r.last)):
@@ -125,16 +138,27 @@ class ShardMap:
         for i, r in enumerate(items):
             _check_range(r, f"range [{r.first}, {r.last}]" if isinstance(r.first, int)
                          else f"ranges[{i}]", known)
+        return cls._assemble(items, mod_shard_count)
+
+    @classmethod
+    def _assemble(cls, items: list[ShardRange], mod_shard_count: Any) -> ShardMap:
+        """The checks across ranges, then the map; every range in *items* is checked
+        already (:func:`_check_range`). Sorts *items* in place."""
         if (not isinstance(mod_shard_count, int) or isinstance(mod_shard_count, bool)
                 or not 1 <= mod_shard_count <= ids.MAX_SHARD + 1):
             raise MapError(f"mod_shard_count {mod_shard_count!r} is not in 1..{ids.MAX_SHARD + 1}")
-        items.sort(key=lambda r: r.first)
-        for a, b in zip(items, items[1:], strict=False):
-            if b.first <= a.last:
-                raise MapError(f"range [{b.first}, {b.last}] overlaps range [{a.first}, {a.last}]")
+        items.sort(key=_FIRST)
+        starts = tuple(map(_FIRST, items))
+        # each range must start after the last shard of the one before it; the pass runs
+        # in C (map, operator), the loop below only names the first overlap
+        if any(map(operator.le, starts[1:], map(_LAST, items))):
+            for a, b in zip(items, items[1:], strict=False):
+                if b.first <= a.last:
+                    raise MapError(f"range [{b.first}, {b.last}] overlaps range "
+                                   f"[{a.first}, {a.last}]")
         if not items:
             raise MapError("the map has no ranges")
-        return cls(tuple(items), mod_shard_count, tuple(r.first for r in items))
+        return cls(tuple(items), mod_shard_count, starts)
 
     # -- lookups ---------------------------------------------------------
     def find(self, shard: int) -> ShardRange | None:
@@ -302,11 +326,28 @@ class ShardMap:
         return {"mod_shard_count": self.mod_shard_count,
                 "ranges": [r.to_dict() for r in self.ranges]}
 
-    def dumps(self, indent: int | None = 2) -> str:
+    def dumps(self, indent: int | None = None) -> str:
+        """The stored form as text; with *indent*, the same JSON indented that much."""
+        if indent is None:
+            return self.to_bytes().decode("ascii")
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     def to_bytes(self) -> bytes:
-        return self.dumps().encode("utf-8")
+        """The stored form: the JSON object, one range per line, in order::
+
+            {"mod_shard_count": 4096, "ranges": [
+              {"range": [0, 2047], "master": "a1:3306", "standby": "a2:3306", "state": "open"},
+              {"range": [2048, 4095], "master": "b1:3306", "standby": "b2:3306", "state": "open"}
+            ]}
+
+        ASCII only (``json.dumps`` escapes the rest); each line is computed once per range.
+        """
+        return self._stored
+
+    @cached_property
+    def _stored(self) -> bytes:
+        return (_HEAD_FORMAT % self.mod_shard_count + b",\n".join(r._line for r in self.ranges)
+                + _TAIL)
 
     def table(self) -> str:
         """A fixed-width table of the ranges, for people."""
@@ -354,12 +395,92 @@ def from_obj(data: Any, known_hosts: Iterable[str] | None = None) -> ShardMap:
 
 
 def loads(text: str | bytes, known_hosts: Iterable[str] | None = None) -> ShardMap:
-    """Parse and validate a map's JSON; raises :class:`MapError`."""
+    """Parse and validate a map's JSON; raises :class:`MapError`.
+
+    Bytes in exactly the stored form (:meth:`ShardMap.to_bytes`) take a shorter road
+    to the same map (:func:`_loads_stored`); anything else, and anything that road
+    declines, is parsed whole.
+    """
+    if isinstance(text, bytes) and known_hosts is None:
+        m = _loads_stored(text)
+        if m is not None:
+            return m
     try:
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MapError(f"the map is not valid JSON: {exc}") from None
     return from_obj(data, known_hosts)
+
+
+# -- the stored form, read line by line ---------------------------------------
+# A router parses every version of the map, and a new version differs from the one
+# before in the few ranges an operation touched. The checks of one entry (its
+# shape, bounds, addresses, state: ShardRange.from_dict and _check_range) depend on
+# its line alone, so a line already parsed and checked needs neither again: _PARSED
+# keeps the range each such line holds. The checks across ranges (order, overlaps,
+# mod_shard_count, not empty: ShardMap._assemble) run on every map. A line is kept
+# only if it is exactly how its range writes itself (ShardRange._line); a JSON
+# string holds no raw newline, so the document is the header, those lines and the
+# tail, and the map read this way is the one json.loads + from_obj builds from it.
+# Anything else (another layout, a bad line, a bad map) is declined, and loads()
+# parses the document whole: the same checks, the same messages, as before.
+
+_INDENT = b"  "
+_HEAD = re.compile(rb'\{"mod_shard_count": ([1-9][0-9]{0,5}), "ranges": \[\n')
+_HEAD_FORMAT = b'{"mod_shard_count": %d, "ranges": [\n'
+_TAIL = b"\n]}\n"
+_FIRST = operator.attrgetter("first")
+_LAST = operator.attrgetter("last")
+_PARSED: dict[bytes, ShardRange] = {}
+_PARSED_MAX = 8192  # lines kept beyond the last map's: then only the last map's are kept
+
+
+def _parse_line(line: bytes) -> ShardRange | None:
+    """The checked range on one line of the stored form; None if the line is not
+    exactly how that range writes itself. Raises :class:`MapError` (a bad entry)."""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    r = ShardRange.from_dict(d)
+    _check_range(r, "range", None)
+    return r if r._line == line else None
+
+
+def _loads_stored(data: bytes) -> ShardMap | None:
+    """The map in *data* if *data* is exactly in the stored form, else None.
+
+    Never raises for a bad map: it declines (None), and :func:`loads` parses the
+    document whole, which names the problem the way it always has.
+    """
+    head = _HEAD.match(data)
+    if head is None or not data.endswith(_TAIL):
+        return None
+    lines = data[head.end():len(data) - len(_TAIL)].split(b",\n")
+    parsed = _PARSED
+    found = list(map(parsed.get, lines))  # None: a line not seen before
+    try:
+        if any(map(operator.is_, found, repeat(None))):
+            for i, line in enumerate(lines):
+                if found[i] is None:
+                    r = _parse_line(line)
+                    if r is None:
+                        return None
+                    found[i] = parsed[line] = r
+        in_order = cast(list[ShardRange], found)
+        m = ShardMap._assemble(list(in_order), int(head[1]))
+    except MapError:
+        return None
+    if len(parsed) > _PARSED_MAX + len(lines):
+        # unbounded otherwise (every version adds its changed lines); two threads
+        # racing here at worst parse a line again
+        parsed.clear()
+        parsed.update(zip(lines, in_order, strict=True))
+    if m.ranges == tuple(in_order):
+        # in order, the document is byte for byte what m.to_bytes() would join again (the
+        # router's cache file writes it): keep it as the cached value of ShardMap._stored
+        m.__dict__["_stored"] = data
+    return m
 
 
 def diff(before: ShardMap | None, after: ShardMap | None) -> list[str]:

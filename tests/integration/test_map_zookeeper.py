@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from shardfleet import ids
+from shardfleet import ids, shardmap
 from shardfleet.errors import MapConflictError, MapError, MapStoreUnavailable, ShardFrozenError
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 from shardfleet.router import Router
@@ -63,6 +63,31 @@ def test_second_router_sees_map_change_through_watch(zookeeper, cluster, router,
         writer.close()
     finally:
         other.close()
+
+
+def test_router_refuses_a_version_one_bad_line_away_from_its_map(zookeeper, cluster, router,
+                                                                 caplog):
+    """The router holds every line of its map, checked; a version whose one changed line is
+    bad (written past the store's own check) is refused through the watch and the last
+    good map kept; the next good version is taken."""
+    writer = ZooKeeperMapStore(zookeeper.address, cluster)
+    try:
+        v = writer.read()
+        good = v.map.to_bytes()
+        bad = good.replace(b'"state": "open"}', b'"state": "melting"}', 1)
+        assert bad != good and bad.count(b"\n") == good.count(b"\n")
+        with pytest.raises(MapError, match="melting"):
+            shardmap.loads(bad)
+        caplog.set_level("ERROR", logger="shardfleet.mapstore")
+        refused = writer.write_raw(writer.path, bad, v.version)
+        wait_until(lambda: any(f"invalid map version {refused}" in r.getMessage()
+                               for r in caplog.records), what="the watch to refuse it")
+        assert router.version == v.version and router.range_for(3).state == "open"
+        writer.write(v.map.with_state((16, 31), "closed"), refused)
+        wait_until(lambda: router.range_for(20).state == "closed", what="the next version")
+        assert router.version == refused + 1 and router.range_for(3).state == "open"
+    finally:
+        writer.close()
 
 
 def test_unreachable_zookeeper_is_a_clear_error():

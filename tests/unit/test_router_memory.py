@@ -33,6 +33,7 @@ def test_router_follows_watch_and_writes_cache(tmp_path):
     v = store.read().version
     store.write(M1.with_state((16, 31), "closed"), v)
     assert r.range_for(20).state == "closed"
+    assert r.flush_cache(), "the cache file was not written within 5s"
     assert shardmap.loads(cache.read_bytes()).range_for(20).state == "closed"
 
 
@@ -114,6 +115,7 @@ def test_refresh_that_read_an_older_version_does_not_go_back(tmp_path):
     assert r.refresh()  # lands with version N
     assert r.version == newest and r.map == flipped
     assert r.writable_range(3).master == "e:1"
+    assert r.flush_cache()
     assert shardmap.loads(cache.read_bytes()) == flipped
 
 
@@ -125,6 +127,7 @@ def test_older_version_from_the_watch_is_ignored_and_not_cached(tmp_path):
     v1 = store.write(closed, store.read().version)
     r._on_map(M1, v1 - 1)  # a late delivery of the version before
     assert r.version == v1 and r.range_for(20).state == "closed"
+    assert r.flush_cache()
     assert shardmap.loads(cache.read_bytes()) == closed
 
 
@@ -134,4 +137,41 @@ def test_cache_file_map_never_replaces_a_store_map(tmp_path):
     r = Router(store, cache_file=cache)
     r._swap(M1, -1, "cache-file")
     assert r.source == "store" and r.range_for(0).state == "closed"
+    assert r.flush_cache()
     assert shardmap.loads(cache.read_bytes()).range_for(0).state == "closed"
+
+
+def test_a_slow_cache_file_does_not_hold_the_swap_and_ends_on_the_newest_map(
+        tmp_path, monkeypatch):
+    """The cache file is written off the watch's thread: while one write hangs, new
+    versions are routed at once; the file then gets the newest, never an older one."""
+    import os
+
+    store = MemoryMapStore(M1)
+    cache = tmp_path / "map.json"
+    r = Router(store, cache_file=cache)
+    assert shardmap.loads(cache.read_bytes()) == M1, "a started router has its cache file"
+    entered, release = threading.Event(), threading.Event()
+    real_replace = os.replace
+    written = []
+
+    def slow_replace(src, dst):
+        entered.set()
+        assert release.wait(10), "the test never released the cache write"
+        written.append(shardmap.loads(open(src, "rb").read()))
+        real_replace(src, dst)
+
+    monkeypatch.setattr("shardfleet.router.os.replace", slow_replace)
+    m = M1
+    for state in ("closed", "frozen", "open", "closed"):
+        m = m.with_state((16, 31), state)
+        store.write(m, store.read().version)
+        assert r.map == m, "a swap waited for the cache file"
+        assert entered.wait(5), "the cache writer did not start"
+    assert not r.flush_cache(timeout=0.1), "flush returned while the write hung"
+    release.set()
+    assert r.flush_cache(), "the cache file was not written within 5s"
+    assert shardmap.loads(cache.read_bytes()) == m
+    assert written[-1] == m and len(written) <= 2, "versions during a write are written once"
+    r.close()
+    assert not r._cache_writer.is_alive(), "the cache writer outlived close()"

@@ -196,3 +196,159 @@ def test_even_split_refuses():
         shardmap.even_split(0, 1, 3)
     with pytest.raises(MapError):
         shardmap.even_split(0, 10, 0)
+
+
+# -- the stored form, read line by line -----------------------------------------
+# loads() reads bytes in exactly the stored form through a cache of lines already
+# parsed and checked (shardmap._loads_stored). Whatever it accepts must be what the
+# whole-document parse builds, and whatever that refuses it must refuse with the
+# same message: these tests hold the two against each other.
+
+def whole(data: bytes):
+    """What the whole-document parse makes of *data*: a map, or the MapError message."""
+    try:
+        return shardmap.from_obj(json.loads(data))
+    except ValueError:
+        return "not valid JSON"
+    except MapError as exc:
+        return str(exc)
+
+
+def by_lines(data: bytes):
+    """What loads() makes of *data* (bytes: the stored form's road when it applies)."""
+    try:
+        return shardmap.loads(data)
+    except MapError as exc:
+        return "not valid JSON" if "not valid JSON" in str(exc) else str(exc)
+
+
+def entry_line(d) -> bytes:
+    return b"  " + json.dumps(d).encode()
+
+
+def stored(lines, count=4096) -> bytes:
+    return (b'{"mod_shard_count": %d, "ranges": [\n' % count + b",\n".join(lines)
+            + b"\n]}\n")
+
+
+def test_stored_form_is_one_line_per_range_and_reads_back_by_lines(monkeypatch):
+    m = two_pairs()
+    data = m.to_bytes()
+    assert data.splitlines()[1:3] == [
+        b'  {"range": [0, 2047], "master": "a1:3306", "standby": "a2:3306", "state": "open"},',
+        b'  {"range": [2048, 4095], "master": "b1:3306", "standby": "b2:3306", "state": "open"}']
+    assert json.loads(data) == m.to_dict() and m.dumps() == data.decode()
+    seen = []
+    monkeypatch.setattr(shardmap, "_loads_stored",
+                        lambda d, f=shardmap._loads_stored: seen.append(f(d)) or seen[-1])
+    assert shardmap.loads(data) == m and seen[-1] == m, "the stored form took the whole parse"
+    # the lines are kept: the same ranges again, not parsed again
+    again = shardmap.loads(data)
+    assert all(a is b for a, b in zip(again.ranges, seen[-1].ranges, strict=True))
+    assert again.to_bytes() == data
+    # out of order: the same map, written back in order
+    swapped = stored([m.ranges[1]._line, m.ranges[0]._line])
+    assert shardmap.loads(swapped) == m and shardmap.loads(swapped).to_bytes() == data
+
+
+def test_a_map_differing_in_one_range_is_checked_and_refused():
+    """The lines of a good map are cached; a version with one bad line is still refused,
+    with the message the whole-document parse gives."""
+    good = [entry_line({"range": [i * 16, i * 16 + 15], "master": f"m{i}:3306",
+                        "standby": f"s{i}:3306", "state": "open"}) for i in range(256)]
+    assert isinstance(shardmap.loads(stored(good)), ShardMap)
+    bad_entries = {
+        "host:port": {"master": "nohostport"},
+        "same server": {"standby": "m7:3306"},
+        "not one of": {"state": "melting"},
+        "out of bounds": {"range": [112, 65536]},
+        "after last": {"range": [127, 112]},
+        "overlaps": {"range": [100, 127]},
+        "first, last": {"range": [112]},
+    }
+    for needle, change in bad_entries.items():
+        lines = list(good)
+        lines[7] = entry_line({**json.loads(good[7]), **change})
+        data = stored(lines)
+        with pytest.raises(MapError, match=needle):
+            shardmap.loads(data)
+        assert by_lines(data) == whole(data)
+    # every line cached and valid, the map still checked across ranges
+    overlapping = stored(good + [good[3]])
+    with pytest.raises(MapError, match="overlaps"):
+        shardmap.loads(overlapping)
+    for count in (0, 65537):
+        with pytest.raises(MapError, match="mod_shard_count"):
+            shardmap.loads(stored(good, count))
+    with pytest.raises(MapError, match="not valid JSON"):
+        shardmap.loads(stored(good[:5] + [good[5][:-1]] + good[6:]))
+    with pytest.raises(MapError, match="no ranges"):
+        shardmap.loads(b'{"mod_shard_count": 4096, "ranges": [\n\n]}\n')
+
+
+def test_other_layouts_of_the_same_json_read_as_before():
+    m = two_pairs()
+    for data in (json.dumps(m.to_dict(), indent=2).encode(),  # the layout before this one
+                 json.dumps(m.to_dict()).encode(),
+                 json.dumps(m.to_dict()["ranges"]).encode(),  # the post's bare list
+                 m.to_bytes().replace(b"\n]}\n", b"]}"),
+                 m.to_bytes().replace(b'"state": "open"}', b'"state":"open"}'),
+                 stored([m.ranges[1]._line, m.ranges[0]._line])):  # out of order
+        assert shardmap.loads(data) == m, data
+
+
+def test_parsed_lines_are_bounded(monkeypatch):
+    monkeypatch.setattr(shardmap, "_PARSED", {})
+    monkeypatch.setattr(shardmap, "_PARSED_MAX", 10)
+    m = ShardMap.from_ranges([{"range": [i, i], "master": "a:1"} for i in range(8)])
+    for i in range(8):
+        m = m.with_state((i, i), "closed")
+        assert shardmap.loads(m.to_bytes()) == m
+        assert len(shardmap._PARSED) <= 10 + 8
+    assert shardmap.loads(m.to_bytes()) == m
+
+
+@st.composite
+def stored_and_mutated(draw):
+    """A valid map's stored form, and that form with one edit to its lines or header."""
+    m = draw(maps())
+    data = m.to_bytes()
+    lines = data.split(b"\n")[1:-2]
+    lines = [line.rstrip(b",") for line in lines]
+    count = m.mod_shard_count
+    kind = draw(st.sampled_from(["entry", "swap", "duplicate", "drop", "count", "bytes",
+                                 "field"]))
+    i = draw(st.integers(0, len(lines) - 1))
+    if kind == "entry":
+        lines[i] = entry_line(draw(entry))
+    elif kind == "field":
+        d = json.loads(lines[i])
+        key = draw(st.sampled_from(["range", "master", "standby", "state", "frozen_by"]))
+        d[key] = draw(st.one_of(json_values, st.sampled_from(
+            [[0, 0], [65535, 65535], "m0:3306", "s0:3306", "open", "frozen", None])))
+        lines[i] = entry_line(d)
+    elif kind == "swap":
+        j = draw(st.integers(0, len(lines) - 1))
+        lines[i], lines[j] = lines[j], lines[i]
+    elif kind == "duplicate":
+        lines.insert(i, lines[i])
+    elif kind == "drop":
+        del lines[i]
+    elif kind == "count":
+        count = draw(st.integers(-2, 70000))
+    mutated = stored(lines, count)
+    if kind == "bytes":
+        at = draw(st.integers(0, len(mutated)))
+        mutated = mutated[:at] + draw(st.binary(min_size=1, max_size=3)) + mutated[at:]
+    return data, mutated
+
+
+@MANY
+@given(stored_and_mutated())
+def test_by_lines_and_whole_agree_after_any_one_edit(pair):
+    data, mutated = pair
+    assert by_lines(data) == whole(data)  # and its lines are cached now
+    got = by_lines(mutated)
+    assert got == whole(mutated)
+    if isinstance(got, ShardMap):  # what is read is what is written back
+        assert got.to_bytes() == ShardMap.from_ranges(got.ranges, got.mod_shard_count).to_bytes()
