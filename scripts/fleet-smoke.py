@@ -13,6 +13,10 @@ Reads the connection profile playbooks/fleet-status.yml writes
    over shardfleet.router.Router, the map read from ZooKeeper), on a shard of an
    open range, as the application user.
 
+The profile holds no password: each comes from the environment variable the profile
+names under "secrets" (SHARDFLEET_MYSQL_ADMIN_PASSWORD, ...), else from the vault file it
+names there (plain YAML on the local fleet; an encrypted vault needs the environment).
+
 Exit status 0 when every check that could run passed. Talks only to the fleet's
 own containers.
 """
@@ -36,6 +40,39 @@ def check(name: str, ok: bool, detail: str = "") -> None:
         failures.append(name)
 
 
+def passwords(p: dict[str, Any]) -> dict[str, str]:
+    """Each password the profile's "secrets" names: from its environment variable, else
+    from the vault file (read only when something is missing). Raises ValueError naming
+    what is missing."""
+    import os
+
+    sec = p.get("secrets") or {}
+    env, keys = sec.get("env") or {}, sec.get("keys") or {}
+    out = {k: os.environ[v] for k, v in env.items() if os.environ.get(v)}
+    missing = [k for k in keys if k not in out]
+    if missing:
+        path = Path(sec.get("file") or "")
+        try:
+            import yaml
+
+            text = path.read_text()
+            if text.startswith("$ANSIBLE_VAULT"):
+                raise ValueError(f"{path} is encrypted")
+            data = yaml.safe_load(text) or {}
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"no password for {', '.join(missing)} in the environment "
+                             f"({', '.join(env[k] for k in missing if k in env)}) and the "
+                             f"vault file cannot be read: {exc}") from None
+        for k in missing:
+            if data.get(keys[k]):
+                out[k] = str(data[keys[k]])
+    still = [k for k in keys if k not in out]
+    if still:
+        raise ValueError(f"no password for {', '.join(still)}: set "
+                         f"{', '.join(env.get(k, k) for k in still)}")
+    return out
+
+
 def mysql_checks(p: dict[str, Any]) -> None:
     import pymysql
 
@@ -45,7 +82,7 @@ def mysql_checks(p: dict[str, Any]) -> None:
             node = f"{pair}{side} ({host})"
             try:
                 conn = pymysql.connect(host=host, port=my["port"], user=my["admin"]["user"],
-                                       password=my["admin"]["password"], connect_timeout=5,
+                                       password=p["passwords"]["mysql_admin"], connect_timeout=5,
                                        cursorclass=pymysql.cursors.DictCursor)
                 with conn, conn.cursor() as cur:
                     cur.execute("SELECT @@GLOBAL.read_only AS ro")
@@ -62,7 +99,7 @@ def mysql_checks(p: dict[str, Any]) -> None:
                 check(f"mysql {node} admin login", False, str(exc))
             try:
                 pymysql.connect(host=host, port=my["port"], user=my["app"]["user"],
-                                password=my["app"]["password"], connect_timeout=5).close()
+                                password=p["passwords"]["mysql_app"], connect_timeout=5).close()
                 check(f"mysql {node} app login", True)
             except pymysql.MySQLError as exc:
                 check(f"mysql {node} app login", False, str(exc))
@@ -100,7 +137,8 @@ def cache_checks(p: dict[str, Any]) -> None:
         check("redis refuses a client without the password", True)
     except redis.exceptions.ResponseError as exc:
         check("redis refuses a client without the password", "NOAUTH" in str(exc), str(exc))
-    client = redis.Redis(host=r["host"], port=r["port"], password=r["password"], socket_timeout=5)
+    client = redis.Redis(host=r["host"], port=r["port"], password=p["passwords"]["redis"],
+                         socket_timeout=5)
     client.set("shardfleet:smoke", "ok", ex=60)
     check("redis round trip", client.get("shardfleet:smoke") == b"ok")
 
@@ -125,7 +163,7 @@ def router_roundtrip(p: dict[str, Any], cluster: str) -> None:
             check("shard map registered", False, f"no map at {mapstore.path}")
             return
         router = Router(mapstore, user=p["mysql"]["app"]["user"],
-                        password=p["mysql"]["app"]["password"])
+                        password=p["passwords"]["mysql_app"])
         store = Store(router)
         try:
             body = {"smoke": True, "at": time.time()}
@@ -155,6 +193,11 @@ def main() -> int:
               "(playbooks/fleet-status.yml writes it)")
         return 1
     print(f"fleet smoke test ({args.profile})")
+    try:
+        profile["passwords"] = passwords(profile)
+    except ValueError as exc:
+        print(f"fleet smoke test FAILED: {exc}")
+        return 1
     # each group of checks reports its own failures; an error it did not expect (a server
     # gone, a missing profile key) is one failed line too, never a traceback
     for name, run in (("mysql", lambda: mysql_checks(profile)),

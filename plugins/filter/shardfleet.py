@@ -1,4 +1,6 @@
-# Filters the shards role uses; the arithmetic lives in the shardfleet library.
+# Filters the shards role and the playbooks use; the arithmetic lives in the shardfleet
+# library. The address rule of a fleet host (its shardfleet_address, else the local
+# fleet's shardfleet_container_ip, else its inventory name) lives here, once.
 #
 # The library comes from the collection's own copy (src/, the same version as the
 # modules and the bundle the shards role ships to the hosts: docs/collection.md), so an
@@ -35,6 +37,43 @@ def shard_split(pairs, first=0, last=4095):
         raise AnsibleFilterError(str(exc)) from None
 
 
+def _hostvar(hostvars, host, name, default=None):
+    hv = hostvars[host]
+    try:
+        value = hv[name]
+    except (KeyError, TypeError):
+        return default
+    return default if value in (None, "") else value
+
+
+def fleet_address(host, hostvars):
+    """A fleet host's address as the map and the other hosts know it."""
+    return str(_hostvar(hostvars, host, "shardfleet_address")
+               or _hostvar(hostvars, host, "shardfleet_container_ip") or host)
+
+
+def mysql_nodes(hosts, hostvars, pair=None):
+    """``host:port`` of each MySQL host (of *pair* only, when given), as the map names it."""
+    return [f"{fleet_address(h, hostvars)}:{int(_hostvar(hostvars, h, 'mysql_port', 3306))}"
+            for h in sorted(hosts)
+            if pair is None or _hostvar(hostvars, h, "shardfleet_pair") == pair]
+
+
+def mysql_labels(hosts, hostvars):
+    """``{host:port: {"host": inventory name, "pair": pair name}}`` of the MySQL hosts."""
+    return {node: {"host": h, "pair": str(_hostvar(hostvars, h, "shardfleet_pair", ""))}
+            for h in sorted(hosts) for node in mysql_nodes([h], hostvars)}
+
+
+def zookeeper_hosts(hosts, hostvars, port=2181):
+    """``address:port`` of each ZooKeeper host (its ``zookeeper_client_port``, else
+    *port*): the ensemble a client connects to."""
+    return [f"{fleet_address(h, hostvars)}:"
+            f"{int(_hostvar(hostvars, h, 'zookeeper_client_port', port))}" for h in sorted(hosts)]
+
+
 class FilterModule:
     def filters(self):
-        return {"shard_split": shard_split}
+        return {"shard_split": shard_split, "fleet_address": fleet_address,
+                "mysql_nodes": mysql_nodes, "mysql_labels": mysql_labels,
+                "zookeeper_hosts": zookeeper_hosts}

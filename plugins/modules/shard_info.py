@@ -12,6 +12,10 @@ description:
     positions), C(read_only), semi-synchronous status, the number of shard
     databases present and their total size; and each ZooKeeper node's mode.
   - Changes nothing. An unreachable MySQL server is reported, not a failure.
+  - Returns I(problems), where the servers and the map disagree (two writable nodes in
+    a pair, the map's master read-only, a node not replicating from its peer, a stopped
+    channel, a frozen range, an operation in flight), and I(table), the report as
+    C(shardfleet status) prints it.
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
@@ -31,9 +35,16 @@ options:
     elements: str
     default: []
   sizes:
-    description: Sum the shards' data and index sizes (reads information_schema.TABLES).
+    description: Sum the shards' data and index sizes (reads InnoDB's tablespace list).
     type: bool
     default: true
+  labels:
+    description:
+      - Names people know a server by, keyed by C(host:port) as the map names it, each a
+        dict with C(host) (the inventory name) and C(pair) (the pair's name). Used in
+        I(problems) and I(table); the map stays the source of truth.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -77,6 +88,29 @@ zookeeper:
   returned: always
   type: list
   elements: dict
+unmapped:
+  description: Servers of I(servers) that no range of the map names.
+  returned: always
+  type: list
+  elements: str
+operations:
+  description: Operations in flight (unfinished journals) with their step and servers.
+  returned: always
+  type: list
+  elements: dict
+problems:
+  description: Disagreements, critical first, each with C(severity) and C(text).
+  returned: always
+  type: list
+  elements: dict
+table:
+  description: The report as a fixed-width table for people.
+  returned: always
+  type: str
+labels:
+  description: The I(labels) given.
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -97,10 +131,11 @@ def run(module):
         try:
             report = status.collect(store, p["login_user"], p["login_password"],
                                     extra_servers=p["servers"], sizes=p["sizes"],
-                                    zookeeper_hosts=p["zookeeper_hosts"])
+                                    zookeeper_hosts=p["zookeeper_hosts"],
+                                    labels=p["labels"])
         finally:
             store.close(timeout=2)
-    module.exit_json(changed=False, **report)
+    module.exit_json(changed=False, table=status.render(report), **report)
 
 
 def main():
@@ -110,6 +145,7 @@ def main():
         login_password=dict(type="str", default="", no_log=True),
         servers=dict(type="list", elements="str", default=[]),
         sizes=dict(type="bool", default=True),
+        labels=dict(type="dict", default={}),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     require_library(module)

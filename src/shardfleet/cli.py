@@ -122,12 +122,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _zk_store(args)
     try:
         if not store.connected:
+            if args.check:  # a check's answer, not a tool's failure
+                print(f"CRITICAL ZooKeeper at {args.zk} is unreachable: the map cannot be read")
+                return 2
             raise ShardfleetError(f"ZooKeeper at {args.zk} is unreachable")
         report = status.collect(store, args.user, password, sizes=not args.no_sizes,
                                 zookeeper_hosts=[args.zk])
     finally:
         store.close(timeout=2)
     print(json.dumps(report, indent=2) if args.json else status.render(report))
+    if args.check:
+        sev = {p["severity"] for p in report["problems"]}
+        return 2 if status.CRITICAL in sev else 1 if status.WARNING in sev else 0
     return 0
 
 
@@ -276,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(or env SHARDFLEET_MYSQL_PASSWORD; never on the command line)")
     st.add_argument("--no-sizes", action="store_true", help="skip summing shard sizes")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--check", action="store_true", help="exit as a Nagios check: 0 when "
+                    "the servers agree with the map, 1 on warnings, 2 on a critical problem")
     st.set_defaults(func=cmd_status)
 
     op = sub.add_parser("ops", help="operations in flight (split, promotion, rebuild) and "

@@ -256,3 +256,32 @@ def test_site_yml_through_the_aws_inventory_builds_a_working_fleet(
     assert "+PONG" in reply, f"Redis did not answer PING after AUTH: {reply!r}"
     reply = ask(names["mysql"][0], addr[names["memcached"][0]], 11211, "version\\r\\n")
     assert reply.startswith("VERSION"), f"memcached did not answer version: {reply!r}"
+
+    # fleet-status.yml through the same inventory: the map-centred table, read from the
+    # control node (no socket, no container addresses, no fleet label), the caches asked
+    # on their hosts; the passwords never printed and no profile written.
+    profiles = REPO / ".fleet"
+    before = set(profiles.glob("*")) if profiles.exists() else set()
+    proc = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(fleet["inventory"]),
+         str(REPO / "playbooks" / "fleet-status.yml")],
+        cwd=REPO, env=ansible_env(moto_server, SHARDFLEET_CLUSTER=CLUSTER),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    text = " ".join(out.split())
+    assert proc.returncode == 0, f"fleet-status.yml failed (aws inventory):\n{out[-6000:]}"
+    for secret in vault.values():
+        assert str(secret) not in out, "a password reached fleet-status.yml's output"
+    assert "PROBLEMS: none" in text, out[-6000:]
+    for me, peer in ((side_a, side_b), (side_b, side_a)):
+        assert f"{me} {addr[me]}:3306 read_only=" in text, out[-6000:]
+        assert f"default <- {addr[peer]}:3306 ({peer}): Yes/Yes" in text, out[-6000:]
+    assert f"master {side_a} {addr[side_a]}:3306 read_only=off" in text or (
+        f"master {side_b} {addr[side_b]}:3306 read_only=off" in text), out[-6000:]
+    assert "=standalone" in text or "=leader" in text, out[-6000:]
+    assert f"redis {names['redis'][0]} {addr[names['redis'][0]]}:6379 PONG" in text, out[-6000:]
+    assert f"memcached {names['memcached'][0]} {addr[names['memcached'][0]]}:11211 VERSION" \
+        in text, out[-6000:]
+    after = set(profiles.glob("*")) if profiles.exists() else set()
+    assert after == before, f"fleet-status.yml wrote a profile (aws inventory): {after - before}"

@@ -80,6 +80,17 @@ def test_every_module_documents_itself(outside) -> None:
         assert docs[n]["examples"], f"{n} has no EXAMPLES"
 
 
+def test_every_filter_documents_itself(outside) -> None:
+    cwd, env = outside
+    names = [f"{NS}.{f.stem}" for f in sorted((ROOT / "plugins" / "filter").glob("*.yml"))]
+    assert len(names) >= 5, names
+    p = _run([str(BIN / "ansible-doc"), "-t", "filter", "--json", *names], cwd=cwd, env=env)
+    assert p.returncode == 0 and not p.stderr.strip(), f"ansible-doc failed:\n{p.stderr}"
+    docs = json.loads(p.stdout)
+    missing = [n for n in names if not (docs.get(n) or {}).get("doc")]
+    assert not missing, f"ansible-doc rendered no documentation for {missing}:\n{p.stderr}"
+
+
 def test_a_module_runs_with_its_module_utils(outside) -> None:
     """AnsiballZ packs the collection's module_utils: the module gets as far as its
     connection (a closed port on 127.0.0.1), not an import error."""

@@ -58,12 +58,37 @@ class Run:
         return out
 
 
+_STATUS_ROW = re.compile(
+    r"PAIR (?P<pair>\S+): "
+    r"|NOT IN THE MAP"
+    r"|(?:^|\s)(?P<role>master|standby|pair\d+|-) (?P<node>\S+) \d+\.\d+\.\d+\.\d+:\d+ "
+    r"(?:read_only=|DOWN|ERROR)(?P<down>\S*)"
+    r"|channel (?:none|\S+ <- \S+(?: \(\S+\))?: (?P<io_sql>\S+/\S+),)")
+
+
 def replication_rows(status_output: str) -> dict[str, tuple[str, str]]:
-    """fleet-status.yml's MySQL rows: {node: (pair, "IO/SQL")}."""
-    rows = {}
-    for m in re.finditer(r"^\s*(pair\d+)\s+(\S+)\s+[ab]\s+\S+\s+\S+\s+(\S+/\S+)\s", status_output,
-                         re.M):
-        rows[m.group(2)] = (m.group(1), m.group(3))
+    """fleet-status.yml's MySQL servers: {node: (pair, "IO/SQL")}, "Yes/Yes" when every
+    channel of the node runs ("-/-" with none, "DOWN" when it does not answer). The pair
+    is the map's (its PAIR header), or the inventory's for a server no range names."""
+    rows: dict[str, tuple[str, str]] = {}
+    pair, node = "?", None
+    for m in _STATUS_ROW.finditer(" ".join(status_output.split())):
+        if m.group("pair"):
+            pair, node = m.group("pair"), None
+        elif m.group(0) == "NOT IN THE MAP":
+            pair, node = "-", None
+        elif m.group("node"):
+            node = m.group("node")
+            role = m.group("role")
+            mine = role if role not in ("master", "standby") else pair
+            down = m.group(0).rstrip().endswith(("DOWN", "ERROR"))
+            rows[node] = (mine, "DOWN" if down else "-/-")
+        elif node is not None:
+            got = m.group("io_sql")
+            if got is None:
+                continue  # channel none
+            mine, have = rows[node]
+            rows[node] = (mine, got if have in ("-/-", "Yes/Yes") else have)
     return rows
 
 

@@ -228,6 +228,23 @@ def test_shard_info_and_status_command(tmp_path, zookeeper, cluster, mariadb_pai
                         "--user", "root", "--json"], capture_output=True, text=True, env=env,
                        timeout=60)
     assert json.loads(p.stdout)["servers"][b.address]["shards"] >= 16
+    # as a Nagios check: 0 when the servers agree with the map, 2 on a critical problem
+    # (the map's master read-only), 2 when ZooKeeper cannot be read
+    check = [shardfleet, "status", "--zk", zookeeper.address, "--cluster", cluster,
+             "--user", "root", "--check", "--no-sizes"]
+    p = subprocess.run(check, capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "PROBLEMS: none" in p.stdout, p.stdout + p.stderr
+    a.sql("SET GLOBAL read_only = ON")
+    try:
+        p = subprocess.run(check, capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        a.sql("SET GLOBAL read_only = OFF")
+    assert p.returncode == 2 and f"CRITICAL pair (ranges 0-15): master {a.address} (per the " \
+        "map) is read-only" in p.stdout, p.stdout + p.stderr
+    from shardfleet.testing import free_port
+    p = subprocess.run([*check[:3], f"127.0.0.1:{free_port()}", *check[4:]],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and p.stdout.startswith("CRITICAL ZooKeeper"), p.stdout + p.stderr
 
 
 def test_shard_hosts_keeps_and_refuses_what_the_map_names(tmp_path, zookeeper, mariadb_pair):

@@ -1,0 +1,212 @@
+"""playbooks/fleet-status.yml on a static inventory of plain hosts (no containers, no
+socket, no container addresses): a real master-master MariaDB pair and ZooKeeper on
+loopback. The map is the source of truth; the table shows what each server says next to
+it, and the play fails, naming the problem, where they disagree. No password reaches the
+output or the profile it writes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import stat
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+from shardfleet.shardmap import ShardMap
+from shardfleet.testing import MariaDBServer, free_port
+from shardfleet.testing.kit import make_server, pair_up, wait_pair_synced
+
+from .conftest import make_shards
+
+ROOT = Path(__file__).resolve().parents[2]
+VAULT = {"vault_mysql_admin_password": MariaDBServer.root_password,
+         "vault_mysql_app_password": "sf-app-test",
+         "vault_zookeeper_admin_password": "zk-status-secret",
+         "vault_redis_password": "redis-status-secret"}
+
+
+@pytest.fixture(scope="module")
+def status_pair(tmp_path_factory):
+    base = tmp_path_factory.mktemp("status")
+    servers: list[MariaDBServer] = []
+    try:
+        servers += [make_server(base, 71, "a"), make_server(base, 72, "b")]
+        pair_up(*servers)
+        servers[1].sql("SET GLOBAL read_only = ON")
+        make_shards(servers[0], list(range(8)))
+        wait_pair_synced(*servers)
+    except BaseException:
+        for s in servers:
+            s.stop(remove=True)
+        raise
+    yield servers
+    for s in servers:
+        s.stop(remove=True)
+
+
+@pytest.fixture
+def fleet(tmp_path, zookeeper, status_pair):
+    """A static inventory naming the pair and ZooKeeper by address and port, its vault
+    file, and a fresh cluster whose map puts shards 0-7 on the pair."""
+    a, b = status_pair
+    cluster = "s" + uuid.uuid4().hex[:10]
+    store = ZooKeeperMapStore(zookeeper.address, cluster)
+    store.write(ShardMap.from_ranges([
+        {"range": [0, 3], "master": a.address, "standby": b.address, "state": "open"},
+        {"range": [4, 7], "master": a.address, "standby": b.address, "state": "open"},
+    ], mod_shard_count=8), NO_NODE)
+    store.close()
+    inv = tmp_path / "inventory"
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    zk_host, zk_port = zookeeper.address.rsplit(":", 1)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "children": {
+            "mysql": {"hosts": {
+                "db-a": {"shardfleet_address": "127.0.0.1", "mysql_port": a.port,
+                         "shardfleet_pair": "pair001", "shardfleet_side": "a"},
+                "db-b": {"shardfleet_address": "127.0.0.1", "mysql_port": b.port,
+                         "shardfleet_pair": "pair001", "shardfleet_side": "b"}}},
+            "zookeeper": {"hosts": {"zk-1": {"shardfleet_address": zk_host,
+                                             "zookeeper_client_port": int(zk_port)}}},
+        }}}))
+    (inv / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump({
+        "shards_cluster": cluster, "mysql_admin_user": "root",
+        "mysql_admin_password": "{{ vault_mysql_admin_password }}",
+        "zookeeper_admin_password": "{{ vault_zookeeper_admin_password }}",
+        "shardfleet_fleet_label": "statustest"}))
+    (inv / "group_vars" / "all" / "vault.yml").write_text(yaml.safe_dump(VAULT))
+    return {"inventory": inv, "a": a, "b": b, "profiles": tmp_path / "profiles"}
+
+
+def _smoke_module():
+    spec = importlib.util.spec_from_file_location("fleet_smoke",
+                                                  ROOT / "scripts" / "fleet-smoke.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def status(fleet, *extra: str) -> tuple[int, str]:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i",
+                        str(fleet["inventory"]), str(ROOT / "playbooks" / "fleet-status.yml"),
+                        "-e", f"status_profile_dir={fleet['profiles']}", *extra],
+                       capture_output=True, text=True, env=env, cwd=fleet["inventory"],
+                       timeout=300)
+    out = p.stdout + p.stderr
+    for secret in VAULT.values():
+        assert secret not in out, "a password reached fleet-status.yml's output"
+    return p.returncode, out
+
+
+def flat(out: str) -> str:
+    return " ".join(out.split())
+
+
+def test_the_table_is_the_map_with_what_each_server_says(fleet):
+    a, b = fleet["a"], fleet["b"]
+    rc, out = status(fleet)
+    assert rc == 0, out[-4000:]
+    text = flat(out)
+    assert "PAIR pair001: 0-3 open, 4-7 open" in text, out[-4000:]
+    assert f"master db-a {a.address} read_only=off" in text, out[-4000:]
+    assert f"standby db-b {b.address} read_only=ON" in text, out[-4000:]
+    # both ways, each channel with its source's inventory name and its lag by GTID
+    assert f"default <- {b.address} (db-b): Yes/Yes, 0 trx behind" in text, out[-4000:]
+    assert f"default <- {a.address} (db-a): Yes/Yes" in text, out[-4000:]
+    assert "PROBLEMS: none" in text and "operations in flight: none" in text
+    assert "=standalone" in text, out[-4000:]
+
+    # the local fleet's profile: addresses and users, no password; passwords come from
+    # the environment or the vault file it names
+    prof = fleet["profiles"] / "statustest.json"
+    assert stat.S_IMODE(prof.stat().st_mode) == 0o600
+    raw = prof.read_text()
+    assert not any(secret in raw for secret in VAULT.values()), raw
+    data = json.loads(raw)
+    assert data["mysql"]["pairs"] == {"pair001": {"a": "127.0.0.1", "b": "127.0.0.1"}}
+    assert Path(data["secrets"]["file"]) == fleet["inventory"] / "group_vars" / "all" / "vault.yml"
+    smoke = _smoke_module()
+    got = smoke.passwords(data)
+    assert got["mysql_admin"] == MariaDBServer.root_password and got["redis"] == VAULT[
+        "vault_redis_password"]
+    os.environ["SHARDFLEET_REDIS_PASSWORD"] = "from-the-environment"
+    try:
+        assert smoke.passwords(data)["redis"] == "from-the-environment"
+    finally:
+        del os.environ["SHARDFLEET_REDIS_PASSWORD"]
+
+
+def test_two_writable_nodes_and_a_read_only_master_fail_loudly(fleet):
+    a, b = fleet["a"], fleet["b"]
+    b.sql("SET GLOBAL read_only = OFF")
+    try:
+        rc, out = status(fleet)
+        assert rc != 0, out[-4000:]
+        assert (f"CRITICAL pair001 (ranges 0-3,4-7): two writable nodes: standby "
+                f"{b.address} (db-b) (per the map) is writable") in flat(out), out[-4000:]
+        rc, out = status(fleet, "-e", "status_fail_on=never")
+        assert rc == 0 and "two writable nodes" in flat(out), out[-4000:]
+    finally:
+        b.sql("SET GLOBAL read_only = ON")
+    a.sql("SET GLOBAL read_only = ON")
+    try:
+        rc, out = status(fleet)
+        assert rc != 0 and f"master {a.address} (db-a) (per the map) is read-only" in flat(out), \
+            out[-4000:]
+    finally:
+        a.sql("SET GLOBAL read_only = OFF")
+
+
+def test_every_channel_is_shown_and_a_stopped_one_is_critical(fleet):
+    a, b = fleet["a"], fleet["b"]
+    port = free_port()
+    a.sql(f"CHANGE MASTER 'split_status' TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, "
+          "MASTER_USER='nobody', MASTER_USE_GTID=slave_pos")
+    try:
+        rc, out = status(fleet)
+        text = flat(out)
+        assert rc != 0, out[-4000:]
+        assert f"split_status <- 127.0.0.1:{port}: No/No" in text, out[-4000:]
+        assert (f"{a.address} (db-a) channel split_status from 127.0.0.1:{port} has "
+                "IO=No SQL=No") in text, out[-4000:]
+    finally:
+        a.sql("RESET SLAVE 'split_status' ALL")
+    b.sql("STOP SLAVE")
+    try:
+        rc, out = status(fleet)
+        assert rc != 0 and (f"{b.address} (db-b) channel default from {a.address} has "
+                            "IO=No SQL=No") in flat(out), out[-4000:]
+    finally:
+        b.sql("START SLAVE")
+
+
+def test_an_unreachable_standby_and_ranges_that_are_not_open_are_reported(fleet, zookeeper):
+    a, b = fleet["a"], fleet["b"]
+    cluster = yaml.safe_load((fleet["inventory"] / "group_vars" / "all" / "main.yml")
+                             .read_text())["shards_cluster"]
+    store = ZooKeeperMapStore(zookeeper.address, cluster)
+    try:
+        v = store.read()
+        gone = f"127.0.0.1:{free_port()}"
+        store.write(ShardMap.from_ranges([
+            {"range": [0, 3], "master": a.address, "standby": b.address, "state": "frozen"},
+            {"range": [4, 7], "master": a.address, "standby": gone, "state": "open"},
+        ], mod_shard_count=8), v.version)
+    finally:
+        store.close()
+    rc, out = status(fleet)
+    text = flat(out)
+    assert rc != 0, out[-4000:]
+    assert "0-3 frozen" in text and "range 0-3 is frozen by hand" in text, out[-4000:]
+    assert f"standby {gone} (per the map) is unreachable" in text, out[-4000:]
+    # 4-7's pair is not one pair of the inventory: it has no pair name
+    assert "PAIR ?: 4-7 open" in text, out[-4000:]
