@@ -1,9 +1,18 @@
-"""The ``shardfleet`` command. Errors are one line on stderr and exit code 2."""
+"""The ``shardfleet`` command.
+
+Errors are one line on stderr: exit code 2 for a usage error (bad arguments, a bad ID or
+name, a map file that is not a valid map), 1 for a runtime error (ZooKeeper or a server
+unreachable, a file unreadable, a shard no range holds). ``status --check`` exits as a
+Nagios check instead (0 ok, 1 warning, 2 critical). Credentials never go on the command
+line: ``SHARDFLEET_ZK_USER`` / ``SHARDFLEET_ZK_PASSWORD`` for ZooKeeper,
+``SHARDFLEET_MYSQL_USER`` / ``SHARDFLEET_MYSQL_PASSWORD`` (or ``--password-file``) for
+MySQL."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from shardfleet import __version__, ids, shardmap
-from shardfleet.errors import ShardfleetError
+from shardfleet.errors import InvalidInputError, SchemaError, ShardfleetError
 from shardfleet.schema import Schema, load_schema
 
 EXIT_USAGE = 2
+EXIT_RUNTIME = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,32 +32,38 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(_fail(f"{self.prog}: {message}"))
 
 
-def _fail(message: str) -> int:
-    print(f"shardfleet: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"shardfleet: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
 
 
 def _schema(args: argparse.Namespace) -> Schema:
     return load_schema(args.schema)
 
 
+def _decoded(schema: Schema, text: str) -> dict[str, Any]:
+    """An ID typed by a person, decoded; an unknown type is refused (the ID cannot be one
+    the fleet made)."""
+    value = ids.parse(text)
+    oid = ids.decompose(value)
+    try:
+        type_name = schema.object_type(oid.type).name
+    except SchemaError:
+        known = ", ".join(f"{t.name} ({t.type})" for t in schema.objects)
+        raise InvalidInputError(f"ID {value} has type {oid.type}, which the schema does not "
+                                f"know (known: {known})") from None
+    return {"id": value, "shard": oid.shard, "type": oid.type, "type_name": type_name,
+            "local_id": oid.local}
+
+
 def cmd_id_decode(args: argparse.Namespace) -> int:
     schema = _schema(args)
-    out = []
-    for text in args.ids:
-        value = ids.parse(text)
-        oid = ids.decompose(value)
-        try:
-            type_name: str | None = schema.object_type(oid.type).name
-        except ShardfleetError:
-            type_name = None
-        out.append({"id": value, "shard": oid.shard, "type": oid.type, "type_name": type_name,
-                    "local_id": oid.local})
+    out = [_decoded(schema, text) for text in args.ids]
     if args.json:
-        print(json.dumps(out if len(out) > 1 else out[0]))
+        print(json.dumps(out))  # a list for one ID as for many
     else:
         for o in out:
-            print(f"{o['id']}: shard {o['shard']}, type {o['type_name'] or '?'} ({o['type']}), "
+            print(f"{o['id']}: shard {o['shard']}, type {o['type_name']} ({o['type']}), "
                   f"local ID {o['local_id']}")
     return 0
 
@@ -60,12 +76,34 @@ def cmd_id_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Unreadable(ShardfleetError):
+    """A file the command was given cannot be read (a runtime error)."""
+
+
 def _read_map_file(path: str) -> shardmap.ShardMap:
     try:
         text = Path(path).read_bytes() if path != "-" else sys.stdin.buffer.read()
     except OSError as exc:
-        raise ShardfleetError(f"cannot read {path}: {exc.strerror}") from None
-    return shardmap.loads(text)
+        raise _Unreadable(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return shardmap.loads(text)
+    except shardmap.MapError as exc:
+        raise InvalidInputError(f"{path}: {exc}") from None
+
+
+def _map_from(args: argparse.Namespace, where: str) -> tuple[shardmap.ShardMap, str]:
+    """The map *where* names: ``zk`` (ZooKeeper, per --zk/--cluster), else a file (``-``:
+    stdin); and a description of where it came from."""
+    if where != "zk":
+        return _read_map_file(where), where
+    store = _zk_store(args)
+    try:
+        v = store.read()
+    finally:
+        store.close(timeout=2)
+    if v.map is None:
+        raise ShardfleetError(f"no map at {store.path} on {args.zk}")
+    return v.map, f"ZooKeeper {args.zk} {store.path} (version {v.version})"
 
 
 def _zk_store(args: argparse.Namespace) -> Any:
@@ -86,7 +124,7 @@ def cmd_map_show(args: argparse.Namespace) -> int:
         try:
             v = store.read()
         finally:
-            store.close()
+            store.close(timeout=2)
         if v.map is None:
             raise ShardfleetError(f"no map at {store.path} on {args.zk}")
         m, version = v.map, v.version
@@ -99,14 +137,100 @@ def cmd_map_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _holes(m: shardmap.ShardMap, first: int, last: int) -> list[tuple[int, int]]:
+    """Runs of shards in first..last that no range holds."""
+    out, at = [], first
+    for r in m.ranges:
+        if r.last < at:
+            continue
+        if r.first > last:
+            break
+        if r.first > at:
+            out.append((at, r.first - 1))
+        at = max(at, r.last + 1)
+    if at <= last:
+        out.append((at, last))
+    return out
+
+
+def _runs(holes: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in holes)
+
+
 def cmd_map_validate(args: argparse.Namespace) -> int:
     known = args.known_host or None
     m = _read_map_file(args.file)
     if known:
-        shardmap.ShardMap.from_ranges(m.ranges, m.mod_shard_count, known)
+        try:
+            shardmap.ShardMap.from_ranges(m.ranges, m.mod_shard_count, known)
+        except shardmap.MapError as exc:
+            raise InvalidInputError(f"{args.file}: {exc}") from None
+    # every shard below the mod shard count holds mod-sharded keys: a hole there loses them
+    inside = _holes(m, 0, m.mod_shard_count - 1)
+    if inside:
+        raise InvalidInputError(
+            f"{args.file}: shards {_runs(inside)} are in no range, but every shard below the "
+            f"mod shard count ({m.mod_shard_count}) must be: mod-sharded keys go there")
+    top = max(r.last for r in m.ranges)
+    outside = _holes(m, m.mod_shard_count, top)
+    if outside:
+        print(f"warning: shards {_runs(outside)} are in no range (IDs on them cannot be "
+              "routed)", file=sys.stderr)
     covered = sum(r.size for r in m.ranges)
     print(f"{args.file}: valid, {len(m.ranges)} ranges, {covered} shards, "
           f"{len(m.servers())} servers")
+    return 0
+
+
+def cmd_map_diff(args: argparse.Namespace) -> int:
+    """Like diff(1): 0 when the maps are the same, 1 when they differ."""
+    a, where_a = _map_from(args, args.a)
+    b, where_b = _map_from(args, args.b)
+    changes = shardmap.diff(a, b)
+    if not changes:
+        print(f"same map: {where_a} and {where_b}")
+        return 0
+    print(f"--- {where_a}\n+++ {where_b}")
+    for line in changes:
+        print(line)
+    return 1
+
+
+def cmd_locate(args: argparse.Namespace) -> int:
+    """Shard -> range -> pair: where an object or a shard lives, from the map."""
+    what = args.what.strip()
+    if not what.isascii() or not what.isdigit():
+        raise InvalidInputError(f"{what!r} is neither an object ID nor a shard number "
+                                "(ASCII digits only)")
+    decoded = None
+    if args.shard or int(what) <= ids.MAX_SHARD:
+        shard = int(what)
+        if shard > ids.MAX_SHARD:
+            raise InvalidInputError(f"shard {shard} is beyond the largest, {ids.MAX_SHARD}")
+    else:
+        decoded = _decoded(_schema(args), what)
+        shard = decoded["shard"]
+    m, where = _map_from(args, args.file or "zk")
+    r = m.find(shard)
+    out: dict[str, Any] = {"shard": shard, "database": f"db{shard:05d}", "object": decoded,
+                           "map": where, "range": None}
+    if r is not None:
+        out["range"] = {"range": [r.first, r.last], "state": r.state, "master": r.master,
+                        "standby": r.standby, **{k: v for k, v in r.extra.items()}}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        head = (f"ID {decoded['id']} ({decoded['type_name']}, local ID {decoded['local_id']}) "
+                f"is on shard {shard}" if decoded else f"shard {shard}")
+        if r is None:
+            print(f"{head} (database {out['database']}): in no range of {where}")
+        else:
+            extra = "".join(f", {k} {v}" for k, v in sorted(r.extra.items()))
+            print(f"{head} (database {out['database']}): range {r.first}-{r.last} "
+                  f"{r.state}{extra}; master {r.master}, standby {r.standby or 'none'} "
+                  f"({where})")
+    if r is None:
+        raise ShardfleetError(f"shard {shard} is in no range of {where}")
     return 0
 
 
@@ -139,7 +263,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _zk_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zk", default=os.environ.get("SHARDFLEET_ZK", "127.0.0.1:2181"),
-                   help="ZooKeeper hosts (env SHARDFLEET_ZK)")
+                   help="ZooKeeper hosts (env SHARDFLEET_ZK; SHARDFLEET_ZK_USER and "
+                   "SHARDFLEET_ZK_PASSWORD for digest auth)")
     p.add_argument("--root", default=os.environ.get("SHARDFLEET_ZK_ROOT", "/shardfleet"))
     p.add_argument("--cluster", default=os.environ.get("SHARDFLEET_CLUSTER", "default"))
     p.add_argument("--timeout", type=float, default=5.0)
@@ -272,6 +397,23 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--known-host", action="append", metavar="HOST:PORT",
                      help="refuse servers not listed (repeatable)")
     val.set_defaults(func=cmd_map_validate)
+    dif = ms.add_parser("diff", help="what changed between two maps (files, - for stdin, or "
+                        "zk for ZooKeeper's); exit 0 when the same, 1 when they differ")
+    _zk_args(dif)
+    dif.add_argument("a", metavar="A")
+    dif.add_argument("b", metavar="B")
+    dif.set_defaults(func=cmd_map_diff)
+
+    loc = sub.add_parser("locate", help="where an object ID or a shard lives: shard, range, "
+                         "state, master and standby (from ZooKeeper, or --file)",
+                         description="A number up to 65535 is a shard (an object ID is "
+                         "always larger); --shard says so explicitly.")
+    _zk_args(loc)
+    loc.add_argument("what", metavar="ID|SHARD")
+    loc.add_argument("--shard", action="store_true", help="WHAT is a shard number")
+    loc.add_argument("--file", help="read a map file instead of ZooKeeper")
+    loc.add_argument("--json", action="store_true")
+    loc.set_defaults(func=cmd_locate)
 
     st = sub.add_parser("status", help="pairs, ranges, replication, read_only, semi-sync, "
                         "shards and ZooKeeper modes")
@@ -329,15 +471,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    # the command speaks in one line per error: kazoo's connection chatter and the
+    # library's warnings go nowhere unless SHARDFLEET_DEBUG is set
+    if not os.environ.get("SHARDFLEET_DEBUG"):
+        for name in ("", "kazoo"):
+            logging.getLogger(name).addHandler(logging.NullHandler())
+    else:
+        logging.basicConfig(level=logging.DEBUG)
     try:
         args = parser.parse_args(argv)
         return int(args.func(args))
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    except (InvalidInputError, SchemaError) as exc:
+        return _fail(str(exc), EXIT_USAGE)
     except ShardfleetError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), EXIT_RUNTIME)
     except KeyboardInterrupt:
-        return _fail("interrupted")
+        return _fail("interrupted", EXIT_RUNTIME)
 
 
 if __name__ == "__main__":  # pragma: no cover

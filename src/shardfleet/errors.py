@@ -7,7 +7,12 @@ class ShardfleetError(Exception):
     """Base class of every error the library raises on purpose."""
 
 
-class InvalidIDError(ShardfleetError, ValueError):
+class InvalidInputError(ShardfleetError, ValueError):
+    """Raised for input a person typed that the library refuses before doing anything (a
+    bad ID, a bad name, a map file that is not a valid map): the command's usage error."""
+
+
+class InvalidIDError(InvalidInputError):
     """Raised by :mod:`shardfleet.ids` when an ID, or one of its parts, is out of its field."""
 
 

@@ -109,11 +109,14 @@ def shard_of(object_id: int) -> int:
 
 
 def parse(text: str) -> int:
-    """Parse an ID written in decimal (or ``0x`` hex) and validate it."""
+    """Parse an ID typed by a person: plain ASCII decimal digits only (no sign, no
+    ``_``, no other script's digits: ``int()`` would read ``'１２３'`` as 123), then
+    validate it (:func:`decompose`)."""
     s = str(text).strip()
-    try:
-        value = int(s, 16) if s.lower().startswith("0x") else int(s, 10)
-    except ValueError:
-        raise InvalidIDError(f"ID {text!r} is not an integer") from None
+    if not s or not s.isascii() or not s.isdigit():
+        raise InvalidIDError(f"ID {text!r} is not a plain decimal number (ASCII digits only)")
+    if len(s) > len(str(MAX_ID)):
+        raise InvalidIDError(f"ID {text!r} does not fit in {ID_BITS} bits")
+    value = int(s, 10)
     decompose(value)
     return value

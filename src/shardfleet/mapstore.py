@@ -125,6 +125,7 @@ class ZooKeeperMapStore:
         self.cluster = cluster
         self.path = f"{self.root}/{cluster}/map"
         self.ops_path = f"{self.root}/{cluster}/ops"
+        self.where = hosts  # the connect string as given, for messages
         self.timeout = timeout
         self._auth = auth
         self._read_acl_world = read_acl_world
@@ -149,7 +150,7 @@ class ZooKeeperMapStore:
         event.wait(self.timeout)
         if not self.client.connected:
             log.warning("ZooKeeper at %s did not answer within %.1fs; retrying in background",
-                        self.client.hosts, self.timeout)
+                        self.where, self.timeout)
 
     @property
     def connected(self) -> bool:
@@ -179,14 +180,14 @@ class ZooKeeperMapStore:
         while not self.client.connected:
             if time.monotonic() >= deadline or self.client.state == "CLOSED":
                 raise MapStoreUnavailable(
-                    f"ZooKeeper at {self.client.hosts} is unreachable ({what}; no session "
+                    f"ZooKeeper at {self.where} is unreachable ({what}; no session "
                     f"within {self.timeout}s)")
             time.sleep(0.05)
         try:
             return request().get(timeout=max(0.5, deadline - time.monotonic()))
         except self.client.handler.timeout_exception:
             raise MapStoreUnavailable(
-                f"ZooKeeper at {self.client.hosts} did not answer within {self.timeout}s "
+                f"ZooKeeper at {self.where} did not answer within {self.timeout}s "
                 f"({what})") from None
 
     def sync(self) -> None:
@@ -216,6 +217,21 @@ class ZooKeeperMapStore:
         except self._errors() as exc:
             raise MapStoreUnavailable(f"ZooKeeper connection lost reading {path}: {exc}") from None
         return data, stat.version
+
+    def children(self, path: str) -> list[str]:
+        """The children of any znode ([] when it is absent), bounded by ``timeout`` like
+        every other read: a client between sessions does not wait forever."""
+        from kazoo.exceptions import NoAuthError, NoNodeError
+
+        try:
+            return list(self._wait(lambda: self.client.get_children_async(path),
+                                   f"list {path}"))
+        except NoNodeError:
+            return []
+        except NoAuthError:
+            raise MapStoreUnavailable(f"ZooKeeper refused to list {path}: not authorised") from None
+        except self._errors() as exc:
+            raise MapStoreUnavailable(f"ZooKeeper connection lost listing {path}: {exc}") from None
 
     def write_raw(self, path: str, data: bytes, expected_version: int) -> int:
         """Compare-and-set any znode (create when *expected_version* is NO_NODE)."""

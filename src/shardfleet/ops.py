@@ -123,7 +123,7 @@ def refuse_if_locked(store: ZooKeeperMapStore, servers: list[str]) -> None:
     no lock, but says when one is held)."""
     for name in sorted({server_lock_name(s) for s in servers}):
         path = f"{store.root}/{store.cluster}/ops/locks/{name}"
-        if store.client.exists(path) and store.client.get_children(path):
+        if store.children(path):
             raise LockBusy(f"another operation holds {path}; wait for it, or check the journal")
 
 
@@ -155,13 +155,8 @@ def journal_base(store: ZooKeeperMapStore) -> str:
 
 def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
     """Every journal under ``ops/journal`` by name (finished ones included)."""
-    from kazoo.exceptions import NoNodeError
-
     base = journal_base(store)
-    try:
-        names = store.client.get_children(base)
-    except NoNodeError:
-        return {}
+    names = store.children(base)
     out = {}
     for n in sorted(names):
         raw, _ = store.read_raw(f"{base}/{n}")

@@ -236,12 +236,9 @@ class Split:
         was not aborted (so a rerun without a range continues, or reports, that split)."""
         import json
 
-        from kazoo.exceptions import NoNodeError
-
         base = f"{self.store.root}/{self.store.cluster}/ops/journal"
-        try:
-            names = self.store.client.get_children(base)
-        except NoNodeError:
+        names = self.store.children(base)
+        if not names:
             return None
         found: list[tuple[float, tuple[int, int]]] = []
         for n in names:

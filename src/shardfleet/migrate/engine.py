@@ -47,7 +47,7 @@ from typing import Any
 import pymysql
 
 from shardfleet import ids
-from shardfleet.errors import NoOpenShardError, ObjectNotFound, ShardfleetError
+from shardfleet.errors import InvalidInputError, NoOpenShardError, ObjectNotFound, ShardfleetError
 from shardfleet.migrate.legacy import ident
 from shardfleet.migrate.progress import Progress
 from shardfleet.schema import shard_database
@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 class MigrationError(ShardfleetError):
     """Raised when a migration cannot start (lock, names), does not converge within its
     pass limit, or its verification finds a mismatch."""
+
+
+class BadName(MigrationError, InvalidInputError):
+    """A database name from the command line that is not a plain identifier."""
 
 
 @dataclass(frozen=True)

@@ -97,9 +97,9 @@ WORDS = ("red blue quiet bright summer winter paper stone river cedar linen copp
 def ident(name: str, what: str = "database") -> str:
     """A database name from the command line, checked before it goes into SQL."""
     if not isinstance(name, str) or not _IDENT.match(name):
-        from shardfleet.migrate.engine import MigrationError
+        from shardfleet.migrate.engine import BadName
 
-        raise MigrationError(f"{what} name {name!r} is not valid (^[a-z][a-z0-9_]{{0,63}}$)")
+        raise BadName(f"{what} name {name!r} is not valid (^[a-z][a-z0-9_]{{0,63}}$)")
     return name
 
 
