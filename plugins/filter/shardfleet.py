@@ -55,21 +55,21 @@ def fleet_address(host, hostvars):
 def mysql_nodes(hosts, hostvars, pair=None):
     """``host:port`` of each MySQL host (of *pair* only, when given), as the map names it."""
     return [f"{fleet_address(h, hostvars)}:{int(_hostvar(hostvars, h, 'mysql_port', 3306))}"
-            for h in sorted(hosts)
+            for h in hosts
             if pair is None or _hostvar(hostvars, h, "shardfleet_pair") == pair]
 
 
 def mysql_labels(hosts, hostvars):
     """``{host:port: {"host": inventory name, "pair": pair name}}`` of the MySQL hosts."""
     return {node: {"host": h, "pair": str(_hostvar(hostvars, h, "shardfleet_pair", ""))}
-            for h in sorted(hosts) for node in mysql_nodes([h], hostvars)}
+            for h in hosts for node in mysql_nodes([h], hostvars)}
 
 
 def zookeeper_hosts(hosts, hostvars, port=2181):
     """``address:port`` of each ZooKeeper host (its ``zookeeper_client_port``, else
     *port*): the ensemble a client connects to."""
     return [f"{fleet_address(h, hostvars)}:"
-            f"{int(_hostvar(hostvars, h, 'zookeeper_client_port', port))}" for h in sorted(hosts)]
+            f"{int(_hostvar(hostvars, h, 'zookeeper_client_port', port))}" for h in hosts]
 
 
 class FilterModule:

@@ -32,9 +32,11 @@ def collect(store: MapStore, user: str, password: str, *, extra_servers: list[st
         zk_nodes = [h.strip() for hs in (zookeeper_hosts or []) for h in hs.split(",")
                     if h.strip()]
         zk = list(pool.map(topology.zookeeper_mode, zk_nodes))
+    names = labels or {}
     for st in states.values():
         for ch in st.get("replicas") or []:
-            ch["trx_behind"] = trx_behind(states.get(ch["source"]), st)
+            ch["peer"] = _channel_peer(ch, states, names)
+            ch["trx_behind"] = trx_behind(states.get(ch["peer"] or ""), st)
     pairs: dict[tuple[str, str | None], dict[str, Any]] = {}
     for r in (m.ranges if m else ()):
         key = (r.master, r.standby)
@@ -47,7 +49,6 @@ def collect(store: MapStore, user: str, password: str, *, extra_servers: list[st
         entry["ranges"].append(rng)
     pair_list = []
     by_first = sorted(pairs.items(), key=lambda kv: kv[1]["ranges"][0]["range"])
-    names = labels or {}
     for (master, standby), entry in by_first:
         entry["master_state"] = states.get(master)
         entry["standby_state"] = states.get(standby) if standby else None
@@ -64,6 +65,23 @@ def collect(store: MapStore, user: str, password: str, *, extra_servers: list[st
               "operations": ops_list}
     report["problems"] = problems(report)
     return report
+
+
+def _channel_peer(ch: dict[str, Any], states: dict[str, dict[str, Any]],
+                  names: dict[str, dict[str, str]]) -> str | None:
+    """The server (as the map names it) a replication channel reads from. A channel names
+    its source as the role configured it (a host name, an address); the source's server
+    id (once connected) names it exactly, else the inventory name or the address."""
+    sid = ch.get("source_server_id") or 0
+    if sid:
+        same = [s for s, st in states.items() if st.get("server_id") == sid]
+        if len(same) == 1:
+            return same[0]
+    if ch["source"] in states:
+        return str(ch["source"])
+    host, _, port = str(ch["source"]).rpartition(":")
+    named = [s for s, n in names.items() if n.get("host") == host and s.endswith(f":{port}")]
+    return named[0] if len(named) == 1 else None
 
 
 def _in_flight(store: MapStore) -> list[Any]:
@@ -151,12 +169,12 @@ def problems(report: dict[str, Any]) -> list[dict[str, str]]:
                     add(CRITICAL, f"{label}: {who(server)} channel {name} from {ch['source']}"
                         f" has IO={ch['io_running'] or '-'} SQL={ch['sql_running'] or '-'}"
                         f"{': ' + ch['last_error'] if ch.get('last_error') else ''}")
-            if peer and peer not in marked and not any(ch["source"] == peer for ch in chans):
+            if peer and peer not in marked and not any(ch.get("peer") == peer for ch in chans):
                 add(CRITICAL, f"{label}: {role} {who(server)} does not replicate from "
                     f"{who(peer)} (a pair replicates both ways)")
             for ch in chans:
                 lag = ch.get("trx_behind")
-                if role == "standby" and ch["source"] == master and lag and lag > LAG_WARN_TRX:
+                if role == "standby" and ch.get("peer") == master and lag and lag > LAG_WARN_TRX:
                     add(WARNING, f"{label}: standby {who(server)} is {lag} transactions "
                         f"behind {who(master)}")
         if ms.get("reachable") and not ms.get("error"):
@@ -189,7 +207,10 @@ def problems(report: dict[str, Any]) -> list[dict[str, str]]:
 
 def _channel(ch: dict[str, Any], names: dict[str, dict[str, str]]) -> str:
     """One replication channel: ``'name' <- source: IO/SQL, lag``."""
-    host = names.get(ch["source"], {}).get("host")
+    peer = ch.get("peer")
+    host = names.get(peer or "", {}).get("host")
+    if peer and peer != ch["source"]:  # the channel's own name for it, then the map's
+        host = f"{peer}{', ' + host if host else ''}"
     lag = ch.get("trx_behind")
     secs = ch.get("seconds_behind")
     behind = (f"{lag} trx behind" if lag is not None else "lag unknown") + (

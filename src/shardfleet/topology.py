@@ -98,6 +98,7 @@ class ReplicaChannel:
     seconds_behind: int | None
     gtid_io_pos: str
     last_error: str
+    source_server_id: int = 0  # Master_Server_Id: 0 until the channel has connected
 
 
 @dataclass
@@ -106,6 +107,7 @@ class ServerState:
     reachable: bool
     error: str | None = None
     version: str = ""
+    server_id: int = 0
     read_only: bool | None = None
     gtid_binlog_pos: str = ""
     gtid_slave_pos: str = ""
@@ -146,6 +148,7 @@ def replica_channels(conn: Any, dialect: Dialect) -> list[ReplicaChannel]:
             seconds_behind=r.get("Seconds_Behind_Master", r.get("Seconds_Behind_Source")),
             gtid_io_pos=r.get("Gtid_IO_Pos") or r.get("Retrieved_Gtid_Set") or "",
             last_error=r.get("Last_Error") or r.get("Last_IO_Error") or "",
+            source_server_id=int(r.get("Master_Server_Id") or r.get("Source_Server_Id") or 0),
         ))
     return out
 
@@ -161,6 +164,7 @@ def server_state(server: str, user: str, password: str, *, timeout: float = 5.0,
         d = server_dialect(conn)
         st = ServerState(server, True, version=d.version)
         st.read_only = bool(int(scalar(conn, "SELECT @@GLOBAL.read_only")))
+        st.server_id = int(scalar(conn, "SELECT @@GLOBAL.server_id") or 0)
         st.gtid_binlog_pos = str(scalar(conn, d.gtid_position_sql) or "")
         if d.is_mariadb:
             st.gtid_slave_pos = str(scalar(conn, "SELECT @@GLOBAL.gtid_slave_pos") or "")

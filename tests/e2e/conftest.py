@@ -63,7 +63,7 @@ _STATUS_ROW = re.compile(
     r"|NOT IN THE MAP"
     r"|(?:^|\s)(?P<role>master|standby|pair\d+|-) (?P<node>\S+) \d+\.\d+\.\d+\.\d+:\d+ "
     r"(?:read_only=|DOWN|ERROR)(?P<down>\S*)"
-    r"|channel (?:none|\S+ <- \S+(?: \(\S+\))?: (?P<io_sql>\S+/\S+),)")
+    r"|channel (?:none|\S+ <- \S+(?: \([^)]*\))?: (?P<io_sql>\S+/\S+),)")
 
 
 def replication_rows(status_output: str) -> dict[str, tuple[str, str]]:

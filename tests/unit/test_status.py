@@ -15,7 +15,8 @@ def server(addr: str, *, ro: bool, source: str | None, pos: str = "1-1-10,2-2-5"
            io: str = "Yes", sql: str = "Yes") -> dict[str, Any]:
     chans = [] if source is None else [{
         "connection": "", "source": source, "io_running": io, "sql_running": sql,
-        "seconds_behind": 0, "gtid_io_pos": "", "last_error": "", "trx_behind": 0}]
+        "seconds_behind": 0, "gtid_io_pos": "", "last_error": "", "trx_behind": 0,
+        "peer": source}]
     return {"server": addr, "reachable": True, "error": None, "read_only": ro,
             "gtid_binlog_pos": pos, "gtid_slave_pos": pos, "semisync_master": True,
             "semisync_status": "ON", "semisync_replica": True, "replicas": chans,
@@ -126,10 +127,23 @@ def test_render_shows_every_channel_and_what_the_map_marks():
     r = report(ranges=[{"range": [0, 3], "state": "open", "rebuild": S}])
     extra = copy.deepcopy(r["pairs"][0]["master_state"]["replicas"][0])
     extra.update(connection="split_0_3", source="10.0.0.7:3306", io_running="No",
-                 sql_running="No", trx_behind=None)
+                 sql_running="No", trx_behind=None, peer=None)
     r["pairs"][0]["master_state"]["replicas"].append(extra)
     text = status.render(r)
     assert "PAIR pair001: 0-3 open (rebuild 10.0.0.2:3306)" in text
     assert f"channel default <- {S}: Yes/Yes, 0 trx behind" in text
     assert "channel split_0_3 <- 10.0.0.7:3306: No/No, lag unknown" in text
     assert "CRITICAL" in text and "WARNING" in text
+
+
+def test_a_channel_is_matched_to_its_source_by_server_id_or_inventory_name():
+    """The role names a pair's peer by host name; the map by address: the channel's
+    Master_Server_Id, else the inventory name, says which server it reads from."""
+    states = {M: {"server_id": 11}, S: {"server_id": 12}}
+    names = {S: {"host": "db-b", "pair": "pair001"}}
+    peer = status._channel_peer
+    assert peer({"source": "db-b:3306", "source_server_id": 12}, states, names) == S
+    assert peer({"source": "db-b:3306", "source_server_id": 0}, states, names) == S
+    assert peer({"source": "db-b:3307", "source_server_id": 0}, states, names) is None
+    assert peer({"source": M, "source_server_id": 0}, states, names) == M
+    assert peer({"source": "elsewhere:3306", "source_server_id": 99}, states, names) is None
