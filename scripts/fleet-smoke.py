@@ -14,8 +14,10 @@ Reads the connection profile playbooks/fleet-status.yml writes
    open range, as the application user.
 
 The profile holds no password: each comes from the environment variable the profile
-names under "secrets" (SHARDFLEET_MYSQL_ADMIN_PASSWORD, ...), else from the vault file it
-names there (plain YAML on the local fleet; an encrypted vault needs the environment).
+names under "secrets" (SHARDFLEET_MYSQL_PASSWORD, SHARDFLEET_APP_PASSWORD,
+SHARDFLEET_ZK_PASSWORD, SHARDFLEET_REDIS_PASSWORD: the command's names), else from the
+vault file it names there (plain YAML on the local fleet; an encrypted vault needs the
+environment).
 
 Exit status 0 when every check that could run passed. Talks only to the fleet's
 own containers.

@@ -237,12 +237,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from shardfleet import status
 
-    password = os.environ.get("SHARDFLEET_MYSQL_PASSWORD", "")
-    if args.password_file:
-        try:
-            password = Path(args.password_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ShardfleetError(f"cannot read {args.password_file}: {exc.strerror}") from None
+    password = _mysql_password(args)
     store = _zk_store(args)
     try:
         if not store.connected:
@@ -258,6 +253,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.check:
         sev = {p["severity"] for p in report["problems"]}
         return 2 if status.CRITICAL in sev else 1 if status.WARNING in sev else 0
+    return 0
+
+
+def _mysql_password(args: argparse.Namespace) -> str:
+    password = os.environ.get("SHARDFLEET_MYSQL_PASSWORD", "")
+    if getattr(args, "password_file", None):
+        try:
+            password = Path(args.password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise _Unreadable(f"cannot read {args.password_file}: {exc.strerror}") from None
+    return password
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve the fleet's metrics (shardfleet.metrics) until interrupted."""
+    from shardfleet import metrics, status
+
+    password = _mysql_password(args)
+    host, _, port = args.listen.rpartition(":")
+    store = _zk_store(args)
+    servers = [s for s in (args.server or []) if s]
+    exporter = metrics.FleetExporter(
+        lambda: status.collect(store, args.user, password, extra_servers=servers,
+                               sizes=False, zookeeper_hosts=[args.zk], timeout=args.timeout),
+        store.changed_at, interval=args.interval)
+    try:
+        httpd = metrics.serve(exporter, host or "127.0.0.1", int(port))
+    except OSError as exc:
+        store.close(timeout=2)
+        raise _Unreadable(f"cannot listen on {args.listen}: {exc.strerror}") from None
+    print(f"shardfleet exporter on http://{args.listen}/metrics (ZooKeeper {args.zk})",
+          flush=True)
+    try:
+        httpd.serve_forever()
+    finally:
+        httpd.server_close()
+        store.close(timeout=2)
     return 0
 
 
@@ -427,6 +459,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--check", action="store_true", help="exit as a Nagios check: 0 when "
                     "the servers agree with the map, 1 on warnings, 2 on a critical problem")
     st.set_defaults(func=cmd_status)
+
+    ex = sub.add_parser("exporter", help="serve the fleet's Prometheus metrics (map, ranges, "
+                        "operations, each server's role, replication, lag, semi-sync)")
+    _zk_args(ex)
+    ex.add_argument("--listen", default="127.0.0.1:9150", metavar="HOST:PORT",
+                    help="where to serve /metrics (127.0.0.1:9150)")
+    ex.add_argument("--user", default=os.environ.get("SHARDFLEET_MYSQL_USER", "shardfleet_monitor"),
+                    help="MySQL monitor user (env SHARDFLEET_MYSQL_USER)")
+    ex.add_argument("--password-file", help="file holding its password "
+                    "(or env SHARDFLEET_MYSQL_PASSWORD)")
+    ex.add_argument("--server", action="append", metavar="HOST:PORT",
+                    help="a server to report besides the map's (repeatable)")
+    ex.add_argument("--interval", type=float, default=10.0,
+                    help="ask the servers at most this often (seconds; scrapes in between "
+                    "get the last answer)")
+    ex.set_defaults(func=cmd_exporter)
 
     op = sub.add_parser("ops", help="operations in flight (split, promotion, rebuild) and "
                         "their journals")

@@ -218,6 +218,16 @@ class ZooKeeperMapStore:
             raise MapStoreUnavailable(f"ZooKeeper connection lost reading {path}: {exc}") from None
         return data, stat.version
 
+    def changed_at(self, path: str | None = None) -> float | None:
+        """When a znode (default: the map) was last written, as time.time(); None when it
+        is absent."""
+        where = path or self.path
+        try:
+            stat = self._wait(lambda: self.client.exists_async(where), f"stat {where}")
+        except self._errors() as exc:
+            raise MapStoreUnavailable(f"ZooKeeper connection lost reading {where}: {exc}") from None
+        return stat.mtime / 1000.0 if stat is not None else None
+
     def children(self, path: str) -> list[str]:
         """The children of any znode ([] when it is absent), bounded by ``timeout`` like
         every other read: a client between sessions does not wait forever."""

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,9 @@ class Pool:
             log.info("dropping a pooled connection to %s: the server closed it", self.server)
             self.discard(conn)
 
+    def idle_count(self) -> int:
+        return len(self._idle)
+
     def get(self) -> pymysql.connections.Connection:
         conn = self.get_idle()
         return conn if conn is not None else self.connect()
@@ -193,6 +197,21 @@ class Pool:
     def close(self) -> None:
         while self._idle:
             self.discard(self._idle.pop())
+
+
+@dataclass
+class RouterStats:
+    """What a router counts, read by :mod:`shardfleet.metrics` (or by hand): plain
+    integers bumped where they happen, so counting costs nothing measurable."""
+
+    map_changes: int = 0          # maps swapped in (any source)
+    map_changed_at: float = 0.0   # time.time() of the last swap (0: never)
+    refreshes: int = 0            # reads of the store on demand (refresh())
+    refresh_failures: int = 0     # of which the store did not answer
+    reroutes: int = 0             # statements retried after a refusal or a lost master
+    frozen_waits: int = 0         # writes that found their range frozen and waited
+    frozen_wait_seconds: float = 0.0  # their waits, summed
+    frozen_errors: int = 0        # ShardFrozenError raised (the wait ran out)
 
 
 class Router:
@@ -237,6 +256,7 @@ class Router:
         self._cache_closed = False  # the router is closed: the cache writer stops
         self._cache_writer: threading.Thread | None = None
         self._map: ShardMap | None = None
+        self.stats = RouterStats()
         self._version = -2
         self.source = "none"  # "store", "cache-file" or "static"
         if shard_map is not None:
@@ -292,6 +312,8 @@ class Router:
                 self._version = version
                 return
             self._map, self._version, self.source = new, version, source
+            self.stats.map_changes += 1
+            self.stats.map_changed_at = time.time()
             self._changed.notify_all()
         log.info("shard map version %s from %s: %d ranges", version, source, len(new.ranges))
         if source == "store":
@@ -378,9 +400,11 @@ class Router:
         """Read the map from the store now; False (keeping the last map) if unreachable."""
         if self.store is None:
             return False
+        self.stats.refreshes += 1
         try:
             v = self.store.read()
         except (MapStoreUnavailable, MapError) as exc:
+            self.stats.refresh_failures += 1
             log.warning("map refresh failed, keeping version %s: %s", self._version, exc)
             return False
         if v.map is not None:
@@ -406,8 +430,12 @@ class Router:
         r = self.map.range_for(shard)
         if r.state != "frozen":
             return r
+        t0 = time.monotonic()
         ok = self.wait_for(lambda m: m.range_for(shard).state != "frozen", self.frozen_wait)
+        self.stats.frozen_waits += 1
+        self.stats.frozen_wait_seconds += time.monotonic() - t0
         if not ok:
+            self.stats.frozen_errors += 1
             raise ShardFrozenError(
                 f"shard {shard} is frozen (range [{r.first}, {r.last}] is being moved or "
                 f"promoted); the map did not move on within {self.frozen_wait}s")
@@ -433,6 +461,11 @@ class Router:
         return self.wait_for(moved, self.frozen_wait)
 
     # -- connections -----------------------------------------------------
+    def pools(self) -> dict[str, int]:
+        """Idle connections held per server (what :mod:`shardfleet.metrics` reports)."""
+        with self._pools_lock:
+            return {server: p.idle_count() for server, p in self._pools.items()}
+
     def pool(self, server: str) -> Pool:
         p = self._pools.get(server)
         if p is None:

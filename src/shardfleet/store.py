@@ -173,11 +173,13 @@ class Store:
                 if not write:
                     log.info("shard %s: no connection to %s (%s); refreshing the map and "
                              "retrying once", shard, r.master, errno)
+                    self.router.stats.reroutes += 1
                     self.router.refresh()
                     continue
                 log.warning("shard %s: no connection to its master %s (%s); waiting up to "
                             "%.1fs for the map to name another master", shard, r.master, errno,
                             self.router.frozen_wait)
+                self.router.stats.reroutes += 1
                 if not self.router.wait_for_new_master(shard, r.master):
                     raise DatabaseError(
                         f"shard {shard} on {r.master}: {exc}; the map named no other master "
@@ -197,6 +199,7 @@ class Store:
                     retried = True
                     log.info("shard %s on %s refused (%s); refreshing the map and retrying once",
                              shard, r.master, errno)
+                    self.router.stats.reroutes += 1
                     self.router.refresh()
                     continue
                 raise DatabaseError(f"shard {shard} on {r.master}: {exc}") from exc
@@ -445,6 +448,7 @@ class Store:
                 if attempt or errno not in REROUTE_ERRNOS | CONNECTION_ERRNOS:
                     raise DatabaseError(f"get_many: {exc}") from exc
                 log.info("get_many refused (%s); refreshing the map and retrying once", errno)
+                self.router.stats.reroutes += 1
                 self.router.refresh()
                 by_server = self._group(object_ids)
         return dict(rows)  # each row is (ID, body)

@@ -210,3 +210,57 @@ def test_an_unreachable_standby_and_ranges_that_are_not_open_are_reported(fleet,
     assert f"standby {gone} (per the map) is unreachable" in text, out[-4000:]
     # 4-7's pair is not one pair of the inventory: it has no pair name
     assert "PAIR ?: 4-7 open" in text, out[-4000:]
+
+
+def test_the_exporter_serves_the_fleet_and_sees_a_second_writable_node(fleet, zookeeper):
+    """`shardfleet exporter` over HTTP on loopback, reading the same map and servers:
+    both channels running, one writable node; then the standby made writable shows as
+    two writable nodes and a critical problem once the interval has passed."""
+    import threading
+    import time
+    import urllib.request
+
+    from shardfleet import metrics, status
+
+    a, b = fleet["a"], fleet["b"]
+    cluster = yaml.safe_load((fleet["inventory"] / "group_vars" / "all" / "main.yml")
+                             .read_text())["shards_cluster"]
+    store = ZooKeeperMapStore(zookeeper.address, cluster)
+    exporter = metrics.FleetExporter(
+        lambda: status.collect(store, "root", MariaDBServer.root_password, sizes=False,
+                               labels={a.address: {"host": "db-a", "pair": "pair001"},
+                                       b.address: {"host": "db-b", "pair": "pair001"}}),
+        store.changed_at, interval=0.5)
+    httpd = metrics.serve(exporter, "127.0.0.1", free_port())
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            return resp.read().decode()
+
+    try:
+        text = scrape()
+        assert "shardfleet_up 1.0" in text and "shardfleet_map_version 0.0" in text
+        assert 'shardfleet_pair_writable_nodes{pair="pair001"} 1.0' in text
+        for me, peer in ((a, b), (b, a)):
+            assert (f'shardfleet_replication_running{{channel="default",server="{me.address}",'
+                    f'source="{peer.address}"}} 1.0') in text, text
+        assert 'shardfleet_problems{severity="critical"} 0.0' in text
+        age = [ln for ln in text.splitlines() if ln.startswith("shardfleet_map_age_seconds ")]
+        assert age and 0 <= float(age[0].split()[1]) < 3600, age
+        b.sql("SET GLOBAL read_only = OFF")
+        try:
+            time.sleep(0.6)
+            text = scrape()
+        finally:
+            b.sql("SET GLOBAL read_only = ON")
+        assert 'shardfleet_pair_writable_nodes{pair="pair001"} 2.0' in text, text
+        assert 'shardfleet_problems{severity="critical"} 1.0' in text, text
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(url.replace("/metrics", "/"), timeout=30)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        store.close()
