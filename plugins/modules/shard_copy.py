@@ -150,16 +150,19 @@ def receive(module):
                                            f"into {incoming}, prepare, replace {p['datadir']}")
     import shutil
 
-    shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
-    rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"])
-    try:
-        got = rx.receive(incoming, timeout=p["timeout"])
-    finally:
-        rx.close()
-    physical.prepare(incoming, use_memory=p["use_memory"])
-    pos = physical.position(incoming)
-    physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
-                     start=service_action(module, "start"), owner=p["owner"])
+    # one copy into a node at a time, from the receive to the restart (a killed copy's
+    # lock goes with its process)
+    with physical.copy_lock(p["datadir"]):
+        shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
+        rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"])
+        try:
+            got = rx.receive(incoming, timeout=p["timeout"])
+        finally:
+            rx.close()
+        physical.prepare(incoming, use_memory=p["use_memory"])
+        pos = physical.position(incoming)
+        physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
+                         start=service_action(module, "start"), owner=p["owner"])
     return dict(changed=True, position=pos, bytes=got.bytes, seconds=round(got.seconds, 3))
 
 

@@ -119,6 +119,13 @@ options:
     description: I(mode=rebuild, copy=physical) the GTID position M(shard_copy) returned.
     type: str
     default: ''
+  copy_id:
+    description:
+      - I(mode=rebuild, copy=physical) the C(copy_id) the first call returned in C(copy).
+        When a run of the same rebuild named a newer copy since (the playbook started
+        twice), the re-attach is refused and nothing changes.
+    type: str
+    default: ''
   replication_user:
     description:
       - The pair's replication account (the C(mysql) role's C(mysql_replication_user)).
@@ -266,7 +273,8 @@ def run(module):
                            drain_timeout=p["drain_timeout"], force=p["force"],
                            replication_user=p["replication_user"],
                            replication_password=p["replication_password"],
-                           copy=p["copy"], copy_position=p["copy_position"])
+                           copy=p["copy"], copy_position=p["copy_position"],
+                           copy_id=p["copy_id"])
     store = zookeeper_store(module)
     with library_errors(module, f"promote {p['pair']}"):
         try:
@@ -308,6 +316,7 @@ def main():
         replication_password=dict(type="str", default="", no_log=True),
         copy=dict(type="str", default="logical", choices=["logical", "physical"]),
         copy_position=dict(type="str", default=""),
+        copy_id=dict(type="str", default=""),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     require_library(module)

@@ -30,7 +30,8 @@ import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -322,6 +323,35 @@ def position(directory: str) -> str:
     except OSError as exc:
         raise CopyFailed(f"the copy has no {BINLOG_INFO}: {exc}") from None
     return fields[2] if len(fields) >= 3 else ""
+
+
+class CopyBusy(CopyFailed):
+    """Another copy into the same data directory is running: nothing was touched."""
+
+
+@contextmanager
+def copy_lock(datadir: str) -> Iterator[None]:
+    """Hold the data directory's copy lock (``<datadir>.copy.lock``, an exclusive
+    ``flock``) for a whole receive, prepare and install: two copies into one node at once
+    would extract into the same place and swap in each other's halves. The kernel drops
+    the lock when its holder dies, so a copy killed at any instant never blocks the next;
+    a second copy while one runs raises :class:`CopyBusy` before touching anything."""
+    import fcntl
+
+    path = Path(datadir.rstrip("/") + ".copy.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise CopyBusy(f"another copy into {datadir} is running (pid {holder}); nothing "
+                           "was touched: wait for it, or rerun once it ended") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def install(directory: str, datadir: str, *, stop: Callable[[], Any],

@@ -64,6 +64,7 @@ MariaDB is what runs and is tested here (the dialect is picked in
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -134,6 +135,9 @@ class Options:
     # second with the copy's GTID position)
     copy: str = "logical"
     copy_position: str = ""
+    # the copy this call re-attaches the node from (what the call that named the copy
+    # returned in Result.copy["copy_id"]): a newer copy named since refuses it
+    copy_id: str = ""
 
 
 @dataclass
@@ -1622,8 +1626,11 @@ class _Rebuild:
         if self.mconn is None:
             raise PromotionRefused(f"the master {master} does not answer ({mwhy})")
         self.nch, self.mch = _channel(self.nconn), _channel(self.mconn)
-        if self.nch is None and opts.copy == "physical" and opts.copy_position:
-            # its data directory was replaced by the copy: the channel goes with it
+        if self.nch is None and opts.copy == "physical" and (
+                opts.copy_position or self._did("fenced_and_cleared")):
+            # its data directory was replaced by a copy (this run's, or one an earlier
+            # run of this rebuild installed before it was killed or refused): the channel
+            # went with it, and the re-attach creates it
             self.nch = self._node_channel()
         elif self.nch is None:
             raise PromotionRefused(
@@ -1749,6 +1756,13 @@ class _Rebuild:
         pos = self.opts.copy_position
         if not pos:
             raise _CopyNeeded()
+        named = str(self.resumed.get("copy_id") or "")
+        if self.opts.copy_id and named and named != self.opts.copy_id:
+            raise PromotionRefused(
+                f"another run of this rebuild named a newer copy ({named}) after this run's "
+                f"({self.opts.copy_id}): {self.node} may run on that one, at another position; "
+                "nothing changed. Rerun playbooks/rebuild-standby.yml alone (it makes a new "
+                "copy)")
         missing = sorted(set(self.dbs) - set(self._shard_dbs(self.nconn)))
         if missing:
             raise PromotionFailed(
@@ -1784,8 +1798,14 @@ class _Rebuild:
     def copy_needed(self) -> None:
         """The physical copy the caller must make now (the journal stays unfinished: the
         registry shows the rebuild in flight and refuses other operations on the pair)."""
+        # each copy named gets an id of its own: a run of the same rebuild started beside
+        # this one names a newer copy, and the re-attach of the older one is refused
+        # (its data may be the newer copy's, at another position)
+        copy_id = secrets.token_hex(6)
+        self.run.begin()
+        self.run.step("copy_named", copy_id=copy_id, copy_source=self.master)
         self.res.changed = True
-        self.res.copy = {"source": self.master, "target": self.node}
+        self.res.copy = {"source": self.master, "target": self.node, "copy_id": copy_id}
         self.res.next_step = (f"copy {self.master}'s data directory to {self.node} "
                               "(shardfleet.physical; playbooks/rebuild-standby.yml runs it), "
                               "then run the rebuild again with the copy's GTID position")

@@ -6,8 +6,12 @@ The JSON names the operation and its arguments:
 
 * ``split``: ``Split.run("all")``, what playbooks/split.yml runs;
 * ``promote``: ``promote.promote`` (planned or emergency), what playbooks/promote.yml runs;
-* ``rebuild``: ``promote.rebuild_standby``, what playbooks/rebuild-standby.yml runs
-  (logical copy);
+* ``rebuild``: ``promote.rebuild_standby``, what playbooks/rebuild-standby.yml runs:
+  a logical copy, or with ``"copy": "physical"`` the playbook's three parts
+  (:func:`rebuild_physical`: the library fences the node and names the copy, the copy is
+  streamed, prepared and installed with the node stopped and started again, the library
+  re-attaches it at the copy's position); ``servers`` are the pair's
+  ``MariaDBServer.handle()``s, so this process can stop and start the node;
 * ``open_range``: what playbooks/open-range.yml runs: the range's shard databases on the
   pair's master (``provision.ensure_shards``), the master writable, the range registered
   open (``mapstore.change_ranges``, the ``shard_map`` module's call).
@@ -77,6 +81,90 @@ def open_range(store: Any, spec: dict[str, Any]) -> str:
             f"map changed={done.changed} version={done.version}")
 
 
+def stream_copy(source: Any, dest: str, *, timeout: float = 120.0) -> None:
+    """mariadb-backup of *source* streamed to a receiver extracting into *dest* (what
+    shard_copy mode=send and mode=receive do on the two hosts)."""
+    import tempfile
+    import threading
+
+    from shardfleet import physical
+
+    secret = os.urandom(16).hex()
+    rx = physical.Receiver(secret, bind="127.0.0.1")
+    got: dict[str, Any] = {}
+
+    def receive() -> None:
+        try:
+            got["r"] = rx.receive(dest, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - raised below
+            got["r"] = exc
+
+    t = threading.Thread(target=receive, daemon=True)
+    t.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="sf-copy-") as tmp:
+            cnf = physical.client_defaults(tmp, "root", source.root_password)
+            argv = physical.backup_argv(defaults_file=cnf, datadir=str(source.datadir),
+                                        socket_path=str(source.socket), parallel=2)
+            physical.send(f"127.0.0.1:{rx.port}", secret, argv, connect_timeout=10,
+                          reply_timeout=timeout)
+    finally:
+        t.join(timeout + 30)
+        rx.close()
+    if isinstance(got.get("r"), Exception):
+        raise got["r"]
+
+
+def die_in_install(n: int) -> None:
+    """SIGKILL this process after the *n*-th entry ``physical.install`` moved (a named
+    schedule: the node stopped, its data directory half swapped)."""
+    from shardfleet import physical
+
+    real = physical.shutil.move
+    moved = [0]
+
+    def move(src: str, dst: str) -> Any:
+        out = real(src, dst)
+        moved[0] += 1
+        if moved[0] == n:
+            print(f"DYING after moving {moved[0]} entries into place", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    physical.shutil.move = move  # type: ignore[assignment]
+
+
+def rebuild_physical(store: Any, pair: str, nodes: list[str], opts: dict[str, Any],
+                     servers: list[dict[str, Any]]) -> str:
+    """playbooks/rebuild-standby.yml with a physical copy, in one process: the library's
+    first call (fence, name the copy), the copy node to node (receive, prepare, install:
+    the node stopped, its data directory swapped, started), the second call with the
+    copy's position. Returns a summary; raises what the library raises."""
+    import shutil
+
+    from shardfleet import physical, promote
+    from shardfleet.testing import MariaDBServer
+
+    handles = {f"127.0.0.1:{h['port']}": MariaDBServer.attach(h) for h in servers}
+    first = promote.rebuild_standby(store, pair, nodes,
+                                    opts=promote.Options(**{**opts, "copy": "physical"}))
+    if not first.copy:
+        return f"changed={first.changed} steps={','.join(first.steps)} (no copy)"
+    src, dst = handles[first.copy["source"]], handles[first.copy["target"]]
+    incoming = str(dst.datadir) + ".incoming"
+    with physical.copy_lock(str(dst.datadir)):  # shard_copy mode=receive holds it so
+        shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
+        stream_copy(src, incoming)
+        physical.prepare(incoming)
+        pos = physical.position(incoming)
+        physical.install(incoming, str(dst.datadir), stop=dst.stop, start=dst.start)
+    second = promote.rebuild_standby(store, pair, nodes, opts=promote.Options(
+        **{**opts, "copy": "physical", "copy_position": pos,
+           "copy_id": first.copy.get("copy_id", "")}))
+    return (f"copied {first.copy['source']} -> {first.copy['target']} at {pos}; "
+            f"changed={second.changed} steps={','.join(second.steps)}")
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     if spec.get("redirect"):
@@ -103,6 +191,11 @@ def main() -> int:
             r = promote.promote(store, spec["pair"], spec["nodes"], mode=spec["mode"],
                                 expect_master=spec.get("expect_master"), opts=opts)
             summary = f"changed={r.changed} resumed={r.resumed} steps={','.join(r.steps)}"
+        elif spec["op"] == "rebuild" and spec.get("copy") == "physical":
+            if spec.get("die_in_install"):
+                die_in_install(int(spec["die_in_install"]))
+            summary = rebuild_physical(store, spec["pair"], spec["nodes"], spec["opts"],
+                                       spec["servers"])
         elif spec["op"] == "rebuild":
             r = promote.rebuild_standby(store, spec["pair"], spec["nodes"],
                                         opts=promote.Options(**spec["opts"]))

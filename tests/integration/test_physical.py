@@ -121,7 +121,15 @@ def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, write
         o = ropts(copy="physical")
         # 1: fenced; the library says which copy to make, the rebuild stays in flight
         first = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
+        cid = first.copy.pop("copy_id")
         assert first.copy == {"source": new.address, "target": old.address}, first.to_dict()
+        # a second call names a newer copy: the re-attach from the first one is refused
+        newer = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
+        assert newer.copy["copy_id"] != cid
+        with pytest.raises(promote.PromotionRefused, match="named a newer copy"):
+            promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts(
+                copy="physical", copy_position="0-1-1", copy_id=cid))
+        cid = newer.copy["copy_id"]
         assert "copy" in first.next_step
         assert [j.name for j in ops.in_flight(zk_store)] == [f"rebuild-{PAIR}"]
         assert zk_store.read().map.ranges[0].extra.get("rebuild") == old.address
@@ -141,7 +149,8 @@ def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, write
         assert not Path(incoming).exists()
         # 3: the same rebuild, with the copy's position, finishes it
         rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair),
-                                     opts=ropts(copy="physical", copy_position=pos))
+                                     opts=ropts(copy="physical", copy_position=pos,
+                                                copy_id=cid))
         assert rr.changed and not rr.warnings and not rr.copy, rr.to_dict()
         assert rr.gtid["copy"] == pos
         assert w.wait_acks(50), f"writer stopped: {w.errors[-3:]}"

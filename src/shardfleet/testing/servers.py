@@ -24,7 +24,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, proc: subprocess.Popen[Any], timeout: float, what: str,
+def _wait_port(port: int, proc: Any, timeout: float, what: str,
                logfile: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -39,6 +39,19 @@ def _wait_port(port: int, proc: subprocess.Popen[Any], timeout: float, what: str
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on {HOST}:{port} within {timeout}s")
+
+
+class _Alive:
+    """Popen's ``poll``/``returncode`` for a process this one did not start."""
+
+    def __init__(self, pid: Any) -> None:
+        self._pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self._pid() is None:
+            self.returncode = -1
+        return self.returncode
 
 
 class _Process:
@@ -126,7 +139,81 @@ class MariaDBServer(_Process):
             argv.append("--user=root")
         return argv
 
+    # -- the server by its pid file: any process may stop or start it -------------
+    # A physical copy stops the server, swaps its data directory and starts it again,
+    # from whatever process runs the copy (the fault campaign's operation process, which
+    # it SIGKILLs at any instant). The handle below names the server; every handle of it
+    # (this test's, that process's) finds the running mariadbd by its pid file.
+
+    def handle(self) -> dict[str, Any]:
+        """What :meth:`attach` needs to drive this server from another process."""
+        return {"dir": str(self.dir), "port": self.port, "server_id": self.server_id,
+                "extra": list(self.extra)}
+
+    @classmethod
+    def attach(cls, handle: dict[str, Any]) -> MariaDBServer:
+        """A handle on the server :meth:`handle` described (running or not)."""
+        obj = cls.__new__(cls)
+        obj.dir = Path(handle["dir"])
+        obj.port = int(handle["port"])
+        obj.proc = None
+        obj.log = obj.dir / "server.log"
+        obj.server_id = int(handle["server_id"])
+        obj.extra = list(handle.get("extra") or [])
+        obj.datadir = obj.dir / "data"
+        obj.socket = obj.dir / "mysqld.sock"
+        return obj
+
+    def _pid(self) -> int | None:
+        """The pid of this server's running mariadbd, whoever started it (None: none)."""
+        try:
+            pid = int((self.dir / "mysqld.pid").read_text().strip())
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+            return None  # exited; its parent has not reaped it yet
+        if f"--datadir={self.datadir}".encode() not in cmdline:
+            return None  # the pid was reused
+        return pid
+
+    def _signal_and_wait(self, sig: int, timeout: float) -> bool:
+        pid = self._pid()
+        if pid is None:
+            return True
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._pid() is None:
+                return True
+            time.sleep(0.05)
+        return False
+
+    @property
+    def running(self) -> bool:
+        return super().running or self._pid() is not None
+
+    def stop(self, remove: bool = False) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 20 s), whoever started it."""
+        super().stop()
+        if not self._signal_and_wait(15, 20):
+            self._signal_and_wait(9, 10)
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        super().kill()
+        self._signal_and_wait(9, 10)
+
     def start(self, timeout: float = 90.0) -> MariaDBServer:
+        if self._pid() is not None:
+            # started by another handle (another process): wait until it listens
+            _wait_port(self.port, _Alive(self._pid), timeout, self.name, self.log)
+            return self
         fresh = not self.datadir.exists()
         if fresh:
             self.datadir.mkdir(parents=True)
