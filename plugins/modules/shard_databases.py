@@ -139,7 +139,10 @@ def run(module):
     with library_errors(module):
         schema = load_schema(p["schema"])
         shards = provision.shard_list(p["range"], p["shards"])
-    conn = mysql_connect(module, client_flag=provision.multi_statement_flags())
+    # a statement of a plan over thousands of shards (information_schema, a batch of
+    # CREATE TABLE) may take minutes on a busy server: its answer is waited for that long
+    conn = mysql_connect(module, client_flag=provision.multi_statement_flags(),
+                         read_timeout=600)
     result = dict(changed=False, drifted=[])
     with library_errors(module, f"{p['login_host']}:{p['login_port']}", result):
         try:

@@ -54,6 +54,10 @@ class FakeStore:
     def read(self) -> Read:
         return Read(self.map)
 
+    def children(self, path: str) -> list[str]:
+        """ZooKeeperMapStore.children: [] when the znode is absent."""
+        return ["holder"] if path in self.client.locked else []
+
 
 def promotion(store: FakeStore, mode: str, check: bool = True) -> promote._Promotion:
     run = promote._Run(store, "pair001", promote.Result(mode=mode, pair="pair001"), check)  # type: ignore[arg-type]
