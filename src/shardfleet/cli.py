@@ -96,6 +96,13 @@ def _map_from(args: argparse.Namespace, where: str) -> tuple[shardmap.ShardMap, 
     stdin); and a description of where it came from."""
     if where != "zk":
         return _read_map_file(where), where
+    m, version, path = _zk_map(args)
+    return m, f"ZooKeeper {args.zk} {path} (version {version})"
+
+
+def _zk_map(args: argparse.Namespace) -> tuple[shardmap.ShardMap, int, str]:
+    """The map in ZooKeeper (per --zk/--cluster/--root), its version and its znode's path;
+    no map there is an error."""
     store = _zk_store(args)
     try:
         v = store.read()
@@ -103,7 +110,7 @@ def _map_from(args: argparse.Namespace, where: str) -> tuple[shardmap.ShardMap, 
         store.close(timeout=2)
     if v.map is None:
         raise ShardfleetError(f"no map at {store.path} on {args.zk}")
-    return v.map, f"ZooKeeper {args.zk} {store.path} (version {v.version})"
+    return v.map, v.version, store.path
 
 
 def _zk_store(args: argparse.Namespace) -> Any:
@@ -117,17 +124,11 @@ def _zk_store(args: argparse.Namespace) -> Any:
 
 
 def cmd_map_show(args: argparse.Namespace) -> int:
+    version: int | None = None
     if args.file:
-        m, version = _read_map_file(args.file), None
+        m = _read_map_file(args.file)
     else:
-        store = _zk_store(args)
-        try:
-            v = store.read()
-        finally:
-            store.close(timeout=2)
-        if v.map is None:
-            raise ShardfleetError(f"no map at {store.path} on {args.zk}")
-        m, version = v.map, v.version
+        m, version, _ = _zk_map(args)
     if args.json:
         print(m.dumps())
     else:

@@ -16,6 +16,7 @@ serve from any HTTP handler, ``metrics.render(metrics.router_samples(router, sto
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -268,8 +269,6 @@ class FleetExporter:
         self.interval = interval
         self.clock = FrozenClock()
         self._last: tuple[float, str] | None = None
-        import threading
-
         self._lock = threading.Lock()
 
     def text(self) -> str:

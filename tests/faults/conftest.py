@@ -15,7 +15,7 @@ import pytest
 from shardfleet import provision
 from shardfleet.schema import default_schema
 from shardfleet.testing import MariaDBServer, ZooKeeperEnsemble
-from shardfleet.testing.kit import APP_USER, make_server, pair_up, wait_pair_synced
+from shardfleet.testing.kit import APP_USER, make_server, pair_up, start_all, wait_pair_synced
 
 from .checks import both_ways, read_only
 
@@ -75,22 +75,10 @@ class Servers:
             s.stop(remove=True)
 
 
-def _start_all(starters: list[Callable[[], MariaDBServer]]) -> list[MariaDBServer]:
-    servers: list[MariaDBServer] = []
-    try:
-        for start in starters:
-            servers.append(start())
-    except BaseException:
-        for s in servers:
-            s.stop(remove=True)
-        raise
-    return servers
-
-
 def start_split_servers(base: Path) -> list[MariaDBServer]:
     """A source (a single server) and a target pair, master-master."""
     base.mkdir(parents=True, exist_ok=True)
-    servers = _start_all([lambda: make_server(base, 11), lambda: make_server(base, 31, "a"),
+    servers = start_all([lambda: make_server(base, 11), lambda: make_server(base, 31, "a"),
                           lambda: make_server(base, 32, "b")])
     pair_up(servers[1], servers[2])
     return servers
@@ -119,7 +107,7 @@ SEMISYNC = ["--read-only=ON", "--skip-slave-start", "--rpl-semi-sync-master-enab
 def start_promote_pair(base: Path) -> list[MariaDBServer]:
     """Two nodes master-master (GTID, semi-sync), the shards on the first, which is writable."""
     base.mkdir(parents=True, exist_ok=True)
-    servers = _start_all([lambda: make_server(base, 41, "a", SEMISYNC),
+    servers = start_all([lambda: make_server(base, 41, "a", SEMISYNC),
                           lambda: make_server(base, 42, "b", SEMISYNC)])
     a, b = servers
     pair_up(a, b, connect_retry=1)

@@ -20,7 +20,7 @@ import yaml
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 from shardfleet.shardmap import ShardMap
 from shardfleet.testing import MariaDBServer, free_port
-from shardfleet.testing.kit import make_server, pair_up, wait_pair_synced
+from shardfleet.testing.kit import make_server, pair_up, start_all, wait_pair_synced
 
 from .conftest import make_shards
 
@@ -34,17 +34,15 @@ VAULT = {"vault_mysql_admin_password": MariaDBServer.root_password,
 @pytest.fixture(scope="module")
 def status_pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("status")
-    servers: list[MariaDBServer] = []
-    try:
-        servers += [make_server(base, 71, "a"), make_server(base, 72, "b")]
-        pair_up(*servers)
-        servers[1].sql("SET GLOBAL read_only = ON")
-        make_shards(servers[0], list(range(8)))
-        wait_pair_synced(*servers)
-    except BaseException:
-        for s in servers:
-            s.stop(remove=True)
-        raise
+
+    def setup(a: MariaDBServer, b: MariaDBServer) -> None:
+        pair_up(a, b)
+        b.sql("SET GLOBAL read_only = ON")
+        make_shards(a, list(range(8)))
+        wait_pair_synced(a, b)
+
+    servers = start_all([lambda: make_server(base, 71, "a"), lambda: make_server(base, 72, "b")],
+                        setup)
     yield servers
     for s in servers:
         s.stop(remove=True)

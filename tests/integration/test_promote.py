@@ -107,14 +107,7 @@ def attach(replica: MariaDBServer, source: MariaDBServer, pos: str | None = None
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("promote")
-    servers: list[MariaDBServer] = []
-    try:
-        servers += [_start(base, 1), _start(base, 2)]
-        _wire(*servers)
-    except BaseException:  # a failed setup never reaches the teardown below
-        for s in servers:
-            s.stop(remove=True)
-        raise
+    servers = kit.start_all([lambda: _start(base, 1), lambda: _start(base, 2)], _wire)
     yield servers
     for s in servers:
         s.stop(remove=True)

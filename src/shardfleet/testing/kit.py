@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,24 @@ def make_server(base: Path, server_id: int, side: str = "a",
         _sql(s, f"CREATE USER IF NOT EXISTS '{user}'@'%%' IDENTIFIED BY %s", (pw,))
     _sql(s, f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{REPL_USER}'@'%'")
     return s
+
+
+def start_all(starters: list[Callable[[], MariaDBServer]],
+              setup: Callable[..., Any] | None = None) -> list[MariaDBServer]:
+    """Start a server per *starter*, then run *setup(*servers)*; when any of it fails, the
+    servers already started are stopped and removed (a fixture's failed setup never
+    reaches its teardown)."""
+    servers: list[MariaDBServer] = []
+    try:
+        for start in starters:
+            servers.append(start())
+        if setup is not None:
+            setup(*servers)
+    except BaseException:
+        for s in servers:
+            s.stop(remove=True)
+        raise
+    return servers
 
 
 def pair_up(a: MariaDBServer, b: MariaDBServer, connect_retry: int | None = None) -> None:
