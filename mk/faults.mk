@@ -26,5 +26,5 @@ faults: deps
 	@echo "fault campaign: base seed $(FAULT_SEED), $(FAULT_RUNS) run(s) (make faults SEED=$(FAULT_SEED) RUNS=$(FAULT_RUNS) replays it)"
 	SHARDFLEET_FAULT_DIR=$(FAULTS_DIR) SHARDFLEET_FAULT_SEED=$(FAULT_SEED) \
 	SHARDFLEET_FAULT_RUNS=$(FAULT_RUNS) \
-	$(PYTEST) -q -m faults tests/faults --basetemp=$(FAULTS_DIR)/pytest -p no:cacheprovider \
+	$(PYTEST) -q -m faults tests/faults --basetemp=$(TEST_TMP)/shardfleet-faults -p no:cacheprovider \
 	  $(if $(filter-out 1,$(FAULTS_WORKERS)),-n $(FAULTS_WORKERS)) $(if $(K),-k '$(K)')
