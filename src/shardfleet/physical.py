@@ -92,13 +92,27 @@ def _tool(name: str, *alternatives: str) -> str:
 # -- the source ----------------------------------------------------------------------------
 
 def backup_argv(*, defaults_file: str, datadir: str | None = None, socket_path: str | None = None,
-                host: str | None = None, port: int | None = None, parallel: int = 4) -> list[str]:
+                host: str | None = None, port: int | None = None, parallel: int = 4,
+                close_files: bool | None = None) -> list[str]:
     """``mariadb-backup`` streaming a full backup to stdout (the password in
-    *defaults_file*, never on a command line)."""
+    *defaults_file*, never on a command line).
+
+    *close_files* (default: when :func:`too_many_tablespaces` says so for *datadir*)
+    adds ``--close-files``: mariadb-backup otherwise keeps open every tablespace it
+    opened, and a fleet node (2,048 shards of 14 tables, about 28,700 ``.ibd`` files)
+    fails with OS error 24 under a container's 8,192. With it, a file is closed once
+    copied. Its documentation warns that DDL during such a copy may make it
+    inconsistent: a rebuild holds the pair's operation lock (no split or promotion of
+    the pair runs beside it), and its runbook says not to create or drop shards on the
+    pair meanwhile (``docs/runbooks/rebuild-standby.md``, "Open files")."""
+    if close_files is None:
+        close_files = bool(datadir) and too_many_tablespaces(str(datadir))
     argv = [_tool("mariadb-backup", "mariabackup"), f"--defaults-extra-file={defaults_file}",
             "--backup", "--stream=mbstream", f"--parallel={max(1, parallel)}",
             "--open-files-limit=1048576",
             f"--target-dir={tempfile.gettempdir()}"]
+    if close_files:
+        argv.append("--close-files")
     if datadir:
         argv.append(f"--datadir={datadir}")
     if socket_path:
@@ -158,6 +172,30 @@ def send(target: str, secret: str, argv: list[str], *, compress: bool = False,
         if not reply.startswith("OK "):
             raise CopyFailed(f"{target} did not take the copy: {reply or 'no answer'}")
         return Sent(bytes=sent, seconds=time.monotonic() - t0)
+
+
+def too_many_tablespaces(datadir: str, *, headroom: int = 1024) -> bool:
+    """Whether *datadir* holds more InnoDB tablespaces (``.ibd`` files) than this process
+    may keep open (its open-files limit, raised as far as it goes, less *headroom* for
+    everything else). A data directory that cannot be read counts as too many."""
+    import resource
+
+    _raise_open_files()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    budget = soft - headroom
+    n = 0
+    try:
+        with os.scandir(datadir) as top:
+            for entry in top:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                with os.scandir(entry.path) as files:
+                    n += sum(1 for f in files if f.name.endswith(".ibd"))
+                if n > budget:
+                    return True
+    except OSError:
+        return True
+    return False
 
 
 def _raise_open_files(want: int = 1 << 20) -> None:

@@ -8,7 +8,10 @@ Its own pair (the fixtures of test_promote.py); every test leaves it whole.
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -211,3 +214,75 @@ def test_a_copy_the_server_cannot_start_on_puts_the_old_data_back(pair, tmp_path
     # starts it, here by hand
     standby.sql("START SLAVE")
     both_ways(master, standby)
+
+
+# A fleet node holds more tablespaces than its open-files limit allows (2,048 shards of 14
+# tables, about 28,700 .ibd files, in containers capped at 8,192 files): mariadb-backup
+# keeps every tablespace it opens open by default and failed with OS error 24. Here: 300
+# shards (4,200 tablespaces) and a copy made and prepared under a limit of 512 files.
+FEW_FILES = 512
+SHARDS_OVER_LIMIT = 300
+COPY_UNDER_A_LIMIT = """
+import json, sys, threading
+from shardfleet import physical
+spec = json.loads(sys.argv[1])
+rx = physical.Receiver("s3cret", bind="127.0.0.1")
+got = {}
+t = threading.Thread(target=lambda: got.update(r=rx.receive(spec["dest"], timeout=120)))
+t.start()
+argv = physical.backup_argv(defaults_file=physical.client_defaults(spec["tmp"], "root",
+                            spec["password"]), datadir=spec["datadir"],
+                            socket_path=spec["socket"], parallel=2)
+physical.send(f"127.0.0.1:{rx.port}", "s3cret", argv, connect_timeout=10, reply_timeout=120)
+t.join(150)
+physical.prepare(spec["dest"])
+print(json.dumps({"close_files": "--close-files" in argv,
+                  "position": physical.position(spec["dest"])}))
+"""
+
+
+def test_a_node_with_more_tablespaces_than_open_files_is_copied(tmp_path):
+    from shardfleet import provision
+    from shardfleet.schema import default_schema
+
+    server = MariaDBServer(tmp_path, server_id=61, extra=["--innodb-file-per-table=1"]).start()
+    try:
+        conn = server.connect(client_flag=provision.multi_statement_flags())
+        provision.ensure_shards(conn, list(range(SHARDS_OVER_LIMIT)), default_schema())
+        conn.close()
+        # a clean restart checkpoints the redo log: the shards' creation is not left in it
+        # for the copy's prepare to replay (a fleet's shards are created long before a
+        # rebuild; replaying 4,200 creations opens every one of those tablespaces)
+        server.stop()
+        server.start()
+        conn = server.connect()
+        with conn.cursor() as c:
+            c.execute("INSERT INTO db00299.pins (body) VALUES ('{\"last\": 1}')")
+        conn.close()
+        ibd = len(list(Path(server.datadir).glob("*/*.ibd")))
+        assert ibd > FEW_FILES + 200, ibd
+        dest, work = tmp_path / "copy", tmp_path / "work"
+        work.mkdir()
+        spec = {"dest": str(dest), "tmp": str(work), "password": MariaDBServer.root_password,
+                "datadir": str(server.datadir), "socket": str(server.socket)}
+        r = subprocess.run(["prlimit", f"--nofile={FEW_FILES}:{FEW_FILES}", sys.executable,
+                            "-c", COPY_UNDER_A_LIMIT, json.dumps(spec)],
+                           capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0, f"the copy under {FEW_FILES} open files failed: " \
+                                  f"{r.stderr[-1500:]}"
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["close_files"], "the backup was not told to close the files it copied"
+        assert replication.gtid_covers(server.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0],
+                                       out["position"])
+        assert len(list(dest.glob("*/*.ibd"))) == ibd
+        copy = MariaDBServer(tmp_path, server_id=62)
+        shutil.move(str(dest), str(copy.datadir))
+        copy.start()
+        try:
+            assert copy.sql("SELECT body FROM db00299.pins") == [('{"last": 1}',)]
+            assert copy.sql("SELECT COUNT(*) FROM information_schema.TABLES "
+                            "WHERE TABLE_SCHEMA = 'db00000'")[0][0] == len(default_schema().ddl())
+        finally:
+            copy.stop(remove=True)
+    finally:
+        server.stop(remove=True)
