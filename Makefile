@@ -33,11 +33,17 @@ $(STAMP): requirements-dev.txt pyproject.toml
 venv: $(STAMP)
 deps: host-deps venv
 
+RULES := roles/monitoring/files/rules/shardfleet.rules.yml
+
 lint: venv
 	$(BIN)/ruff check src tests bench plugins scripts
 	$(BIN)/mypy src/shardfleet
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
+	@command -v promtool >/dev/null || { echo "lint: promtool is missing: make host-deps (Debian's prometheus)"; exit 1; }
+	promtool check rules $(RULES)  # the monitoring role's alert rules
+	promtool test rules $(RULES:.rules.yml=.rules.test.yml)  # a firing and a quiet series per rule (1 s)
+	$(PYTEST) -q -p no:cacheprovider tests/unit/test_monitoring.py  # dashboard and runbook links
 	$(PY) scripts/role_docs.py  # the README role tables = roles/*/meta/argument_specs.yml
 	$(PYTEST) -q -p no:cacheprovider tests/collection  # the built collection, installed, used from outside (7-18 s)
 	scripts/sanity.sh  # ansible-test sanity: the checks that run offline

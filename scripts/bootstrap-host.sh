@@ -7,6 +7,7 @@ PKGS=(
   zookeeper                       # integration tier: a standalone ZooKeeper (no daemon)
   redis-server memcached          # cache tests
   podman runc debootstrap uidmap slirp4netns fuse-overlayfs  # container tiers
+  prometheus                      # lint tier: promtool checks and tests the monitoring role's rules
   python3-venv
 )
 missing=()

@@ -70,6 +70,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "shardfleet_replication_lag_seconds": ("gauge", "Seconds_Behind_Master of a channel"),
     "shardfleet_semisync_master_on": (
         "gauge", "1 when a server's semi-synchronous master is enabled and active"),
+    "shardfleet_semisync_master_enabled": (
+        "gauge", "1 when a server's semi-synchronous master is enabled (active or not)"),
+    "shardfleet_rebuild_mark_seconds": (
+        "gauge", "Seconds the map has marked a node for rebuild (at least: since the map "
+        "last changed when this exporter first saw the mark)"),
+    "shardfleet_zookeeper_serving": (
+        "gauge", "1 when a ZooKeeper node serves (leader, follower, observer, standalone)"),
+    "shardfleet_zookeeper_leader": (
+        "gauge", "1 when a ZooKeeper node is the ensemble's leader (or standalone)"),
     "shardfleet_problems": ("gauge", "Problems status.problems found, by severity"),
 }
 
@@ -131,8 +140,25 @@ class FrozenClock:
         return {b: now - t for b, t in self.since.items()}
 
 
+@dataclass
+class MarkClock:
+    """Since when each node has been marked for rebuild. The map does not date the mark;
+    a mark this exporter sees for the first time is in the map it read, so it was written
+    at or before the map's last change: that time (when known) is a lower bound that
+    survives an exporter restart, where "now" would start a day-long clock again."""
+
+    since: dict[str, float] = field(default_factory=dict)
+
+    def seen(self, marked: Iterable[str], now: float, first: float | None = None
+             ) -> dict[str, float]:
+        start = min(now, first) if first else now
+        self.since = {n: self.since.get(n, start) for n in set(marked)}
+        return {n: now - t for n, t in self.since.items()}
+
+
 def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = None,
-                  clock: FrozenClock | None = None, now: float | None = None) -> list[Sample]:
+                  clock: FrozenClock | None = None, marks: MarkClock | None = None,
+                  now: float | None = None) -> list[Sample]:
     """The fleet's state as metrics, from a :func:`shardfleet.status.collect` report
     (None: ZooKeeper could not be read, ``shardfleet_up`` 0)."""
     now = time.time() if now is None else now
@@ -158,6 +184,7 @@ def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = No
     servers = report.get("servers") or {}
     names = report.get("labels") or {}
     roles: dict[str, str] = {}
+    marked: dict[str, str] = {}  # node marked for rebuild -> its pair
     for pair in report.get("pairs") or []:
         label = pair.get("name") or f"{pair['master']}"
         nodes = [s for s in (pair["master"], pair["standby"]) if s]
@@ -169,6 +196,9 @@ def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = No
         out += [_s("shardfleet_pair_writable_nodes", writable, pair=label),
                 _s("shardfleet_pair_master_writable", 1 if ms.get("read_only") is False else 0,
                    pair=label)]
+        marked.update({str(r["rebuild"]): label for r in pair["ranges"] if r.get("rebuild")})
+    for node, secs in sorted((marks or MarkClock()).seen(marked, now, map_mtime).items()):
+        out.append(_s("shardfleet_rebuild_mark_seconds", secs, pair=marked[node], server=node))
     for server, st in sorted(servers.items()):
         host = names.get(server, {}).get("host", "")
         up = bool(st.get("reachable")) and not st.get("error")
@@ -182,6 +212,8 @@ def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = No
         out.append(_s("shardfleet_semisync_master_on",
                       1 if st.get("semisync_master") and
                       str(st.get("semisync_status")).upper() == "ON" else 0, server=server))
+        out.append(_s("shardfleet_semisync_master_enabled",
+                      1 if st.get("semisync_master") else 0, server=server))
         for ch in st.get("replicas") or []:
             lab = {"server": server, "channel": ch["connection"] or "default",
                    "source": ch.get("peer") or ch["source"]}
@@ -193,6 +225,13 @@ def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = No
             if ch.get("seconds_behind") is not None:
                 out.append(_s("shardfleet_replication_lag_seconds", ch["seconds_behind"],
                               **lab))
+    for z in report.get("zookeeper") or []:
+        mode = z.get("mode")
+        out += [_s("shardfleet_zookeeper_serving",
+                   1 if mode in ("leader", "follower", "observer", "standalone") else 0,
+                   node=z["server"]),
+                _s("shardfleet_zookeeper_leader", 1 if mode in ("leader", "standalone") else 0,
+                   node=z["server"])]
     sev = {"critical": 0, "warning": 0}
     for p in report.get("problems") or []:
         sev[p["severity"]] = sev.get(p["severity"], 0) + 1
@@ -268,6 +307,7 @@ class FleetExporter:
         self._changed_at = changed_at
         self.interval = interval
         self.clock = FrozenClock()
+        self.marks = MarkClock()
         self._last: tuple[float, str] | None = None
         self._lock = threading.Lock()
 
@@ -286,7 +326,7 @@ class FleetExporter:
             mtime = self._changed_at() if self._changed_at else None
         except ShardfleetError:
             return fleet_samples(None)
-        return fleet_samples(report, map_mtime=mtime, clock=self.clock)
+        return fleet_samples(report, map_mtime=mtime, clock=self.clock, marks=self.marks)
 
 
 def serve(exporter: FleetExporter, host: str, port: int) -> Any:

@@ -116,3 +116,45 @@ def test_fleet_samples_from_a_report_and_the_frozen_clock():
     assert value(s, "shardfleet_operation_journal_age_seconds", operation="split-0-3") == 40
     assert value(s, "shardfleet_problems", severity="critical") == 1
     assert metrics.fleet_samples(None) == [metrics.Sample("shardfleet_up", 0.0)]
+
+
+def test_rebuild_marks_semisync_enabled_and_zookeeper_modes():
+    """The series the alert rules need beyond status's problems: how long a node has been
+    marked for rebuild (from the map's last change at the earliest, so an exporter restart
+    does not start a day's clock again), semi-sync enabled apart from active, and each
+    ZooKeeper node's srvr mode."""
+    report = {"version": 3, "pairs": [
+        {"master": "b:1", "standby": None, "name": "pair001",
+         "ranges": [{"range": [0, 7], "state": "open", "rebuild": "a:1"}]},
+        {"master": "c:1", "standby": "d:1", "name": "pair002",
+         "ranges": [{"range": [8, 15], "state": "open"}]}],
+        "servers": {"b:1": {"reachable": True, "read_only": False, "semisync_master": True,
+                            "semisync_status": "OFF", "replicas": []},
+                    "c:1": {"reachable": True, "read_only": False, "semisync_master": False,
+                            "semisync_status": "", "replicas": []}},
+        "labels": {}, "operations": [], "problems": [],
+        "zookeeper": [{"server": "z1:2181", "mode": "leader"},
+                      {"server": "z2:2181", "mode": "follower"},
+                      {"server": "z3:2181", "mode": "unreachable", "error": "refused"}]}
+    marks = metrics.MarkClock()
+    s = metrics.fleet_samples(report, map_mtime=1000.0, marks=marks, now=5000.0)
+    assert value(s, "shardfleet_rebuild_mark_seconds", pair="pair001", server="a:1") == 4000
+    assert not [x for x in s if x.name == "shardfleet_rebuild_mark_seconds"
+                and ("server", "c:1") in x.labels], "only the marked node has a mark age"
+    # a later map change (the mark stays) does not move the mark's start
+    s = metrics.fleet_samples(report, map_mtime=6000.0, marks=marks, now=7000.0)
+    assert value(s, "shardfleet_rebuild_mark_seconds", pair="pair001", server="a:1") == 6000
+    # the mark lifted, then set again: a new clock
+    cleared = {**report, "pairs": [{**report["pairs"][0], "ranges": [
+        {"range": [0, 7], "state": "open"}]}, report["pairs"][1]]}
+    s = metrics.fleet_samples(cleared, map_mtime=8000.0, marks=marks, now=8000.0)
+    assert not [x for x in s if x.name == "shardfleet_rebuild_mark_seconds"]
+    s = metrics.fleet_samples(report, map_mtime=9000.0, marks=marks, now=9100.0)
+    assert value(s, "shardfleet_rebuild_mark_seconds", pair="pair001", server="a:1") == 100
+    assert value(s, "shardfleet_semisync_master_enabled", server="b:1") == 1
+    assert value(s, "shardfleet_semisync_master_on", server="b:1") == 0
+    assert value(s, "shardfleet_semisync_master_enabled", server="c:1") == 0
+    assert value(s, "shardfleet_zookeeper_serving", node="z2:2181") == 1
+    assert value(s, "shardfleet_zookeeper_serving", node="z3:2181") == 0
+    assert value(s, "shardfleet_zookeeper_leader", node="z1:2181") == 1
+    assert value(s, "shardfleet_zookeeper_leader", node="z2:2181") == 0

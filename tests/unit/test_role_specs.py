@@ -311,6 +311,9 @@ def _check(playbooks: list[Path], inventory: Path | str, extra_vars: list[str],
 # provision-aws.yml runs ec2_fleet on the controller: its own tests below.
 PLAYBOOKS = sorted(p for p in (ROOT / "playbooks").glob("*.yml")
                    if not p.is_symlink() and p.name != "provision-aws.yml")
+# Roles no playbook runs yet: monitoring joins site.yml (optional) once the e2e tier proves
+# it on the container fleet (issue 15 items 1 and 6); its spec is checked above meanwhile.
+NO_PLAY_YET = ("monitoring",)
 # tests/aws/test_site_e2e.py runs site.yml with these (strings, as -e k=v gives them).
 SHARD_VARS = ["shards_last=255", "shards_mod_shard_count=256"]
 
@@ -322,7 +325,8 @@ def test_the_local_inventory_passes_every_role_of_every_playbook(ansible: Any,
     _check(PLAYBOOKS, ROOT / "inventories" / "local", extra, checked)
     assert not checked.errors, "\n".join(checked.errors)
     ran = {(r, e) for _, r, e, _ in checked.runs}
-    expected = {(r, "main") for r in ROLES if r != "ec2_fleet"} | {("shards", "library")}
+    expected = {(r, "main") for r in ROLES if r not in ("ec2_fleet", *NO_PLAY_YET)} \
+        | {("shards", "library")}
     assert expected <= ran, f"not validated: {sorted(expected - ran)}"
     # every host of site.yml's plays, each of its roles
     site = {(r, h) for p, r, e, h in checked.runs if p == "playbooks/site.yml"}

@@ -135,9 +135,9 @@ class SplitFleet:
             # dropped some (created again here) and its fence taken the application
             # user's privileges on others (granted again: ensure_shards plans both).
             with s.cursor() as cur:
-                dbs = provision.existing_databases(cur)
+                have = provision.existing_databases(cur)
                 keep = {shard_database(i) for i in shards}
-                provision.apply_drop(s, sorted(dbs - keep), app_user=APP_USER)
+                provision.apply_drop(s, sorted(have - keep), app_user=APP_USER)
                 cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
                             "WHERE TABLE_SCHEMA REGEXP '^db[0-9]{5}$'")
                 tables = sorted((str(db), str(t)) for db, t in cur.fetchall() if db in keep)
