@@ -340,8 +340,16 @@ class Store:
         """The object's body; :class:`ObjectNotFound` if absent or soft-deleted."""
         if self.object_cache is not None:
             return self._get_cached(object_id, include_inactive)
-        oid = ids.decompose(object_id)
-        row = self._read_one(oid.shard, self._body_sql(oid), (oid.local,))
+        if _well_formed(object_id):  # the layout's masks inline (decompose: ~1.4 us)
+            shard = (object_id & _SHARD_MASK) >> _SHARD_SHIFT
+            sql = self._get_sql.get((shard, (object_id & _TYPE_MASK) >> _TYPE_SHIFT))
+            local = (object_id & _LOCAL_MASK) >> _LOCAL_SHIFT
+        else:
+            sql = None
+        if sql is None:  # first read of this (shard, type), or an ID decompose refuses
+            oid = ids.decompose(object_id)
+            shard, sql, local = oid.shard, self._body_sql(oid), oid.local
+        row = self._read_one(shard, sql, (local,))
         if row is None:
             raise ObjectNotFound(f"object {object_id} not found")
         body = json.loads(row[0])
@@ -379,7 +387,7 @@ class Store:
         """The hot path of a single-row read on a pooled connection; no idle connection, or
         any error, falls back to :meth:`_on_master` (which connects under its rules)."""
         pool = self.router.pool(self.router.range_for(shard).master)
-        conn = pool.get_idle()
+        conn = pool.take_idle()  # unchecked: a dead connection fails here, read again below
         if conn is not None:
             try:
                 cur = conn.cursor()
