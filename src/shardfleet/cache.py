@@ -589,6 +589,43 @@ def redis_options(socket_timeout: float = 0.25) -> dict[str, Any]:
             "retry": Retry(NoBackoff(), 0)}
 
 
+class PendingFill:
+    """A :meth:`MappingCache.fill_begin` whose reply is still on its connection."""
+
+    __slots__ = ("cache", "conn", "keys", "args")
+
+    def __init__(self, cache: MappingCache, conn: Any, keys: list[str], args: list[Any]
+                 ) -> None:
+        self.cache, self.conn, self.keys, self.args = cache, conn, keys, args
+
+    def wait(self) -> bool:
+        """Read the fill's reply and give the connection back; True if the list was
+        cached. Never raises: a failure is logged and Redis skipped for a while, as for
+        :meth:`MappingCache.fill`. A script Redis no longer holds (``NOSCRIPT``, after a
+        restart or ``SCRIPT FLUSH``) is run again the ordinary way, which loads it."""
+        from redis.exceptions import NoScriptError
+
+        mc, conn = self.cache, self.conn
+        if conn is None:
+            return False
+        self.conn = None
+        pool = mc.client.connection_pool
+        try:
+            out = conn.read_response()
+        except NoScriptError:
+            pool.release(conn)
+            return mc.fill_args(self.keys, self.args)
+        except Exception as exc:  # noqa: BLE001 - a dead cache is a miss, never an error
+            conn.disconnect()
+            pool.release(conn)
+            mc._failed("fill", exc)
+            return False
+        pool.release(conn)
+        mc.health.ok()
+        mc.stats.fills += 1
+        return bool(out)
+
+
 class MappingCache:
     """The newest entries of mapping lists in Redis (redis-py).
 
@@ -703,11 +740,47 @@ class MappingCache:
             return False
         packed = " ".join(f"{seq} {to_id:020d}" for to_id, seq in rows[: self.capacity])
         args: list[Any] = [token, "C" if complete else "P", self.ttl, packed]
-        out = self._run("fill", self._fill, keys=self.keys(name, from_id), args=args)
+        return self.fill_args(self.keys(name, from_id), args)
+
+    def fill_args(self, keys: list[str], args: list[Any]) -> bool:
+        """The fill script on prepared keys and arguments (see :meth:`fill`)."""
+        out = self._run("fill", self._fill, keys=keys, args=args)
         if out is UNAVAILABLE:
             return False
         self.stats.fills += 1
         return bool(out)
+
+    def fill_begin(self, name: str, from_id: int, rows: Sequence[tuple[int, int]],
+                   complete: bool, token: Any) -> PendingFill | None:
+        """:meth:`fill`, sent now and answered later: the script's ``EVALSHA`` is written
+        on a connection taken from the client's pool and its reply is left on the
+        socket until :meth:`PendingFill.wait`. A cold page sends it before the objects
+        half (memcached, then MySQL) and reads it after, so Redis runs the fill while
+        the page waits on the other servers instead of costing a round trip of its
+        own. Uses redis-py's public ``ConnectionPool.get_connection`` / ``release`` and
+        ``Connection.send_command`` / ``read_response`` (pinned by
+        tests/integration/test_cache.py). None: nothing was sent (nothing to do, or
+        Redis is away); the same refusals as :meth:`fill` apply.
+        """
+        if token is UNAVAILABLE or any(abs(s) >= MAX_EXACT_SCORE for _, s in rows):
+            return None
+        if not self._available():
+            return None
+        packed = " ".join(f"{seq} {to_id:020d}" for to_id, seq in rows[: self.capacity])
+        args: list[Any] = [token, "C" if complete else "P", self.ttl, packed]
+        keys = self.keys(name, from_id)
+        pool = self.client.connection_pool
+        conn = None
+        try:
+            conn = pool.get_connection()
+            conn.send_command("EVALSHA", self._fill.sha, len(keys), *keys, *args)
+        except Exception as exc:  # noqa: BLE001 - a dead cache is a miss, never an error
+            if conn is not None:
+                conn.disconnect()
+                pool.release(conn)
+            self._failed("fill", exc)
+            return None
+        return PendingFill(self, conn, keys, args)
 
     # -- after commits -------------------------------------------------------
     def added(self, name: str, from_id: int, to_id: int, sequence: int) -> bool:

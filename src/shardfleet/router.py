@@ -175,6 +175,19 @@ class Pool:
             log.info("dropping a pooled connection to %s: the server closed it", self.server)
             self.discard(conn)
 
+    def take_idle(self) -> pymysql.connections.Connection | None:
+        """The most recently returned idle connection, unchecked, or None.
+
+        For idempotent reads only: a connection the server closed fails the read
+        (PyMySQL raises a MySQLError: 2006/2013, or the error packet waiting on the
+        socket), and the caller discards it and reads again on a fresh one. Skipping
+        :meth:`get_idle`'s poll(2) saves a system call per read (3-6 us, about a third
+        of the routing overhead of a primary-key select on loopback)."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return None
+
     def idle_count(self) -> int:
         return len(self._idle)
 

@@ -332,3 +332,62 @@ def test_dead_redis_degrades_to_the_database(cache_router, tmp_path, caplog):
     finally:
         s.close()
         r.stop(remove=True)
+
+
+def test_cold_join_reads_the_mapping_fill_reply_after_the_objects(cached_store, caches,
+                                                                  monkeypatch):
+    """A cold page sends the Redis fill before the objects half and reads its reply after
+    (the fill runs while the page waits on memcached and MySQL); the page is cached."""
+    import redis.connection
+
+    _, mc = caches
+    board = cached_store.create("board", {})
+    pins = [cached_store.create("pin", {"i": i}, near=board) for i in range(3)]
+    for seq, p in enumerate(pins):
+        cached_store.add("board_has_pins", board, p, sequence=seq)
+    other = cached_store.create("board", {})
+    cached_store.add("board_has_pins", other, pins[0], sequence=1)
+    cached_store.list("board_has_pins", other)  # Redis holds both scripts from here on
+    events: list[str] = []
+    read = redis.connection.Connection.read_response
+    many = Store.get_many
+
+    def read_response(self, *a, **kw):
+        events.append("redis reply")
+        return read(self, *a, **kw)
+
+    def get_many(self, *a, **kw):
+        events.append("objects")
+        return many(self, *a, **kw)
+
+    monkeypatch.setattr(redis.connection.Connection, "read_response", read_response)
+    monkeypatch.setattr(Store, "get_many", get_many)
+    objects, _ = cached_store.join("board_has_pins", board, limit=10)
+    assert [b["i"] for _, b in objects] == [2, 1, 0]
+    assert events == ["redis reply", "objects", "redis reply"], (
+        f"the lookup's reply, the objects, then the fill's reply: got {events}")
+    assert mc.stats.fills == 2
+    monkeypatch.undo()
+    assert cached_store.list("board_has_pins", board, limit=10).ids == pins[::-1]
+    assert mc.stats.hits == 1, "the deferred fill cached the page"
+
+
+def test_deferred_fill_after_script_flush_and_with_redis_away(cached_store, caches,
+                                                              redis_server):
+    """The pinned redis-py contract of a deferred fill: NOSCRIPT reloads the script; a
+    closed Redis connection is a logged miss, never an error."""
+    _, mc = caches
+    board = cached_store.create("board", {})
+    pin = cached_store.create("pin", {"i": 0}, near=board)
+    cached_store.add("board_has_pins", board, pin, sequence=1)
+    mc.client.script_flush()
+    hit, token = mc.lookup("board_has_pins", board, 10)
+    pending = mc.fill_begin("board_has_pins", board, [(pin, 1)], True, token)
+    assert pending is not None and pending.wait(), "NOSCRIPT: loaded and run again"
+    assert mc.lookup("board_has_pins", board, 10)[0] is not None
+    mc.invalidate("board_has_pins", board)
+    hit, token = mc.lookup("board_has_pins", board, 10)
+    pending = mc.fill_begin("board_has_pins", board, [(pin, 1)], True, token)
+    assert pending is not None
+    mc.client.client_kill_filter(_type="normal", skipme=True)  # the fill's connection
+    assert pending.wait() in (True, False)  # no exception either way

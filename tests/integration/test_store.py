@@ -112,3 +112,31 @@ def test_mod_shard_lookup(store, router):
     store.put("ip_data", "10.1.2.3", {"country": "NZ"})
     assert store.lookup("ip_data", "10.1.2.3") == {"country": "NZ"}
     assert router.map.mod_shard("ada@example.com") < 32
+
+
+def test_get_reads_on_a_pooled_connection_without_polling_it_and_survives_a_killed_one(
+        store, mariadb_pair, monkeypatch):
+    """The single-row read takes the pool's top connection unchecked (no poll(2)); one the
+    server killed fails the read, which is read again on a fresh connection."""
+    import select
+
+    pin = store.create("pin", {"v": 1})
+    assert store.get(pin) == {"v": 1}
+    polls = []
+    real_poll = select.poll
+
+    def counting_poll():
+        polls.append(1)
+        return real_poll()
+
+    monkeypatch.setattr(select, "poll", counting_poll)
+    for _ in range(5):
+        assert store.get(pin) == {"v": 1}
+    assert polls == [], f"the read path polled its connection {len(polls)} times"
+    monkeypatch.undo()
+    server = mariadb_pair[0] if ids.shard_of(pin) in SHARDS_A else mariadb_pair[1]
+    for (pid,) in server.sql(
+            "SELECT id FROM information_schema.PROCESSLIST WHERE user='sf_app'"):
+        server.sql(f"KILL {int(pid)}")
+    assert store.get(pin) == {"v": 1}, "a killed pooled connection costs a retry, not an error"
+    assert store.get(pin) == {"v": 1}
