@@ -1613,6 +1613,17 @@ class _Rebuild:
             self.resumed = journal
             res.resumed = True
         self.nconn, why = try_connect(node, opts)
+        if self.nconn is None and self._copy_was_installing():
+            # this rebuild fenced the node and named a copy, and the copy's install was
+            # cut short (killed with the node stopped and its data directory half or
+            # wholly moved aside): the node may never start again as it is. Its data is
+            # replaced whole by the next copy, and a node that does not answer takes no
+            # writes: name a new copy without it
+            res.warnings.append(f"{node} does not answer ({why}) after this rebuild fenced "
+                                "it for a physical copy: a new copy replaces its data "
+                                "directory")
+            res.resumed = True
+            raise _CopyNeeded()
         if self.nconn is None and run.check:
             res.changed = True
             res.warnings.append(f"{node} does not answer ({why}): start it or apply the "
@@ -1664,6 +1675,13 @@ class _Rebuild:
         ]
 
     # -- "is it done?" -------------------------------------------------------
+    def _copy_was_installing(self) -> bool:
+        """A first call (no copy position yet) of a physical rebuild whose earlier run
+        fenced the node and named a copy: that copy may have been installing."""
+        return (self.opts.copy == "physical" and not self.opts.copy_position
+                and not self.run.check and self._did("fenced_and_cleared")
+                and bool(self.resumed.get("copy_id")))
+
     def _did(self, step: str) -> bool:
         """An earlier run of this same rebuild recorded *step* (its journal unfinished)."""
         return any(s.get("step") == step for s in self.resumed.get("steps", []))

@@ -414,3 +414,16 @@ def test_a_physical_rebuild_killed_while_installing_the_copy_is_finished_by_its_
     plan = dict(run.draw(EMERGENCY_WINDOW), fault="none", phase="rebuild", copy="physical",
                 die_in_install=3)
     emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)
+
+
+# Named schedule: the physical rebuild's process SIGKILLed once every entry of the node's
+# data directory was moved aside and before any of the copy's was moved in (the node
+# stopped, its data directory empty).
+def test_a_physical_rebuild_killed_with_the_data_directory_empty_is_finished_by_its_rerun(
+        promote_pair, promote_store, zookeeper, tmp_path):
+    run = Run("emergency-physical-killed-empty", 7002, EMERGENCY_FAULTS)
+    master, _ = roles(promote_pair)
+    entries = len(list(Path(master.datadir).iterdir()))
+    plan = dict(run.draw(EMERGENCY_WINDOW), fault="none", phase="rebuild", copy="physical",
+                die_in_install=entries)
+    emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)
