@@ -1579,6 +1579,11 @@ def _rebuild_unexpected(run: _Run, node: str, exc: BaseException) -> ShardfleetE
         f"again (the journal {run.journal.path} is in flight until then)")
 
 
+# The warning of a rebuild that makes a new copy for a node it fenced that does not answer
+# (playbooks/rebuild-standby.yml matches it: that node is left out of the mysql role).
+RECOPY = "a new copy replaces its data directory"
+
+
 class _CopyNeeded(Exception):
     """The physical rebuild stops here: the node's copy is made outside the library."""
 
@@ -1618,11 +1623,15 @@ class _Rebuild:
             # cut short (killed with the node stopped and its data directory half or
             # wholly moved aside): the node may never start again as it is. Its data is
             # replaced whole by the next copy, and a node that does not answer takes no
-            # writes: name a new copy without it
+            # writes: name a new copy without it (rebuild-standby.yml then leaves the
+            # node out of the mysql role, which would fail to start it)
             res.warnings.append(f"{node} does not answer ({why}) after this rebuild fenced "
-                                "it for a physical copy: a new copy replaces its data "
-                                "directory")
+                                f"it for a physical copy: {RECOPY}")
             res.resumed = True
+            if run.check:
+                res.changed = True
+                res.steps.append(f"copy {master}'s data directory to {node} (would)")
+                return False
             raise _CopyNeeded()
         if self.nconn is None and run.check:
             res.changed = True
@@ -1679,8 +1688,7 @@ class _Rebuild:
         """A first call (no copy position yet) of a physical rebuild whose earlier run
         fenced the node and named a copy: that copy may have been installing."""
         return (self.opts.copy == "physical" and not self.opts.copy_position
-                and not self.run.check and self._did("fenced_and_cleared")
-                and bool(self.resumed.get("copy_id")))
+                and self._did("fenced_and_cleared") and bool(self.resumed.get("copy_id")))
 
     def _did(self, step: str) -> bool:
         """An earlier run of this same rebuild recorded *step* (its journal unfinished)."""

@@ -286,3 +286,52 @@ def test_a_node_with_more_tablespaces_than_open_files_is_copied(tmp_path):
             copy.stop(remove=True)
     finally:
         server.stop(remove=True)
+
+
+def test_a_node_left_unstartable_by_a_killed_install_gets_a_new_copy(pair, zk_store):
+    """A physical rebuild killed while it moved its copy into the node (here: the node
+    stopped and its data directory moved aside whole, as the kill leaves it) can leave a
+    node that no longer starts. The rerun's plan (check mode, what rebuild-standby.yml
+    reads first) says a new copy replaces its data directory (the playbook then leaves the
+    node out of the mysql role), and the first call names that copy instead of refusing
+    'does not answer: start it'; the copy and the second call finish the rebuild."""
+    master, standby = roles(pair)
+    master.kill()
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    assert res.changed and res.new_master == standby.address
+    master.start()
+    old, new = master, standby
+    o = ropts(copy="physical")
+    first = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
+    assert first.copy["target"] == old.address, first.to_dict()
+    old.stop()  # the killed install: stopped, every entry moved aside, nothing moved in
+    aside = Path(str(old.datadir) + ".replaced")
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    for entry in list(Path(old.datadir).iterdir()):
+        shutil.move(str(entry), str(aside / entry.name))
+    try:
+        plan = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o, check=True)
+        assert any(promote.RECOPY in w for w in plan.warnings), plan.to_dict()
+        assert not plan.copy and plan.changed
+        again = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
+        assert again.copy["target"] == old.address and again.copy["source"] == new.address
+        assert any(promote.RECOPY in w for w in again.warnings), again.to_dict()
+        incoming = str(Path(str(old.datadir) + ".incoming"))
+        sent, got = stream(new, incoming)
+        assert isinstance(got, physical.Received), got
+        physical.prepare(incoming)
+        pos = physical.position(incoming)
+        physical.install(incoming, str(old.datadir), stop=old.stop, start=old.start)
+        rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts(
+            copy="physical", copy_position=pos, copy_id=again.copy["copy_id"]))
+        assert rr.changed and not rr.copy, rr.to_dict()
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+        if not old.running:  # leave the pair whole for the next test, whatever happened
+            shutil.rmtree(old.datadir, ignore_errors=True)
+    m = zk_store.read().map
+    assert all(r.master == new.address and r.standby == old.address
+               and "rebuild" not in r.extra for r in m.ranges), m.dumps()
+    assert ops.in_flight(zk_store) == []
+    both_ways(old, new)
