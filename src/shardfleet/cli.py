@@ -6,7 +6,9 @@ unreachable, a file unreadable, a shard no range holds). ``status --check`` exit
 Nagios check instead (0 ok, 1 warning, 2 critical). Credentials never go on the command
 line: ``SHARDFLEET_ZK_USER`` / ``SHARDFLEET_ZK_PASSWORD`` for ZooKeeper,
 ``SHARDFLEET_MYSQL_USER`` / ``SHARDFLEET_MYSQL_PASSWORD`` (or ``--password-file``) for
-MySQL."""
+MySQL. The commands that log in to the fleet's MySQL servers take the client TLS options
+(``--ca-cert``, ``--client-cert``, ``--client-key``, ``--check-hostname``; environment
+``SHARDFLEET_MYSQL_CA_CERT`` ... as :func:`_tls_args` says); TLS is off unless given."""
 
 from __future__ import annotations
 
@@ -239,6 +241,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from shardfleet import status
 
     password = _mysql_password(args)
+    tls = _tls(args)
     store = _zk_store(args)
     try:
         if not store.connected:
@@ -247,7 +250,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 return 2
             raise ShardfleetError(f"ZooKeeper at {args.zk} is unreachable")
         report = status.collect(store, args.user, password, sizes=not args.no_sizes,
-                                zookeeper_hosts=[args.zk])
+                                zookeeper_hosts=[args.zk], tls=tls)
     finally:
         store.close(timeout=2)
     print(json.dumps(report, indent=2) if args.json else status.render(report))
@@ -272,12 +275,14 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     from shardfleet import metrics, status
 
     password = _mysql_password(args)
+    tls = _tls(args)
     host, _, port = args.listen.rpartition(":")
     store = _zk_store(args)
     servers = [s for s in (args.server or []) if s]
     exporter = metrics.FleetExporter(
         lambda: status.collect(store, args.user, password, extra_servers=servers,
-                               sizes=False, zookeeper_hosts=[args.zk], timeout=args.timeout),
+                               sizes=False, zookeeper_hosts=[args.zk], timeout=args.timeout,
+                               tls=tls),
         store.changed_at, interval=args.interval)
     try:
         httpd = metrics.serve(exporter, host or "127.0.0.1", int(port))
@@ -292,6 +297,47 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         httpd.server_close()
         store.close(timeout=2)
     return 0
+
+
+_TLS_ENV = {"ca_cert": "SHARDFLEET_MYSQL_CA_CERT", "client_cert": "SHARDFLEET_MYSQL_CLIENT_CERT",
+            "client_key": "SHARDFLEET_MYSQL_CLIENT_KEY",
+            "check_hostname": "SHARDFLEET_MYSQL_CHECK_HOSTNAME"}
+
+
+def _tls_args(p: argparse.ArgumentParser) -> None:
+    """The MySQL client TLS options (community.mysql's names; shardfleet.tls), each with
+    its environment variable as the default."""
+    g = p.add_argument_group("MySQL TLS (off unless one is given; a production fleet gives "
+                             "--ca-cert and keeps the name checked)")
+    g.add_argument("--ca-cert", default=os.environ.get(_TLS_ENV["ca_cert"]) or None,
+                   metavar="FILE", help="CA certificate(s) that verify the servers' "
+                   f"(env {_TLS_ENV['ca_cert']})")
+    g.add_argument("--client-cert", default=os.environ.get(_TLS_ENV["client_cert"]) or None,
+                   metavar="FILE", help="client certificate, for a user created REQUIRE "
+                   f"X509 (env {_TLS_ENV['client_cert']})")
+    g.add_argument("--client-key", default=os.environ.get(_TLS_ENV["client_key"]) or None,
+                   metavar="FILE", help=f"its key (env {_TLS_ENV['client_key']})")
+    g.add_argument("--check-hostname", action=argparse.BooleanOptionalAction, default=None,
+                   help="verify that the server's certificate names the address connected "
+                   "to (default: on when --ca-cert is given; env "
+                   f"{_TLS_ENV['check_hostname']}=true|false)")
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    """The TLS options of *args* (checked: a missing or bad file is a usage error)."""
+    from shardfleet.tls import TLS
+
+    check = args.check_hostname
+    env = os.environ.get(_TLS_ENV["check_hostname"], "").strip().lower()
+    if check is None and env:
+        if env not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise InvalidInputError(f"{_TLS_ENV['check_hostname']}={env!r}: say true or false")
+        check = env in ("1", "true", "yes", "on")
+    tls = TLS(ca_cert=args.ca_cert, client_cert=args.client_cert, client_key=args.client_key,
+              check_hostname=check)
+    if tls.enabled:
+        tls.context  # noqa: B018 - refuses an unreadable or bad certificate file now
+    return tls
 
 
 def _zk_args(p: argparse.ArgumentParser) -> None:
@@ -333,7 +379,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
         caches["mapping_cache"] = MappingCache(args.redis)
     router = Router(_zk_store(args), user=os.environ.get("SHARDFLEET_APP_USER", "shardfleet_app"),
-                    password=os.environ.get("SHARDFLEET_APP_PASSWORD", ""))
+                    password=os.environ.get("SHARDFLEET_APP_PASSWORD", ""), tls=_tls(args))
     store = Store(router, _schema(args), **caches)
     show = {"auto": None, "always": True, "never": False}[args.progress]
     try:
@@ -455,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="MySQL admin user (env SHARDFLEET_MYSQL_USER)")
     st.add_argument("--password-file", help="file holding the MySQL password "
                     "(or env SHARDFLEET_MYSQL_PASSWORD; never on the command line)")
+    _tls_args(st)
     st.add_argument("--no-sizes", action="store_true", help="skip summing shard sizes")
     st.add_argument("--json", action="store_true")
     st.add_argument("--check", action="store_true", help="exit as a Nagios check: 0 when "
@@ -470,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="MySQL monitor user (env SHARDFLEET_MYSQL_USER)")
     ex.add_argument("--password-file", help="file holding its password "
                     "(or env SHARDFLEET_MYSQL_PASSWORD)")
+    _tls_args(ex)
     ex.add_argument("--server", action="append", metavar="HOST:PORT",
                     help="a server to report besides the map's (repeatable)")
     ex.add_argument("--interval", type=float, default=10.0,
@@ -508,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="object cache servers to keep right while copying (repeatable)")
     mg.add_argument("--redis", metavar="URL", help="mapping cache to keep right while copying")
     mg.add_argument("--max-passes", type=int, default=20)
+    _tls_args(mg)  # the fleet's servers (the legacy server's connection stays plain)
     mg.add_argument("--batch", type=int, default=1000, help="rows per chunk (1000)")
     mg.add_argument("--seed", type=int, help="placement seed (reproducible runs)")
     mg.add_argument("--progress", choices=["auto", "always", "never"], default="auto",

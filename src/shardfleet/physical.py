@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardfleet.errors import ShardfleetError
+from shardfleet.tls import TLS
 
 MAGIC = b"SFCOPY1\n"
 FRAME = 1 << 20          # bytes read from the backup per frame
@@ -122,12 +123,15 @@ def backup_argv(*, defaults_file: str, datadir: str | None = None, socket_path: 
     return argv
 
 
-def client_defaults(directory: str, user: str, password: str) -> str:
-    """A ``[client]`` option file (mode 0600) holding the credential, in *directory*."""
+def client_defaults(directory: str, user: str, password: str, tls: TLS | None = None) -> str:
+    """A ``[client]`` option file (mode 0600) holding the credential, in *directory*, and
+    the client TLS options (``ssl-ca`` ...; :meth:`shardfleet.tls.TLS.option_lines`) for a
+    tool that connects over TCP (over the socket, MariaDB's tools stay plain)."""
     path = os.path.join(directory, "client.cnf")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"[client]\nuser={user}\npassword={password}\n")
+        f.write(f"[client]\nuser={user}\npassword={password}\n"
+                f"{(tls or TLS()).option_lines()}")
     return path
 
 

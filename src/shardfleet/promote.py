@@ -87,6 +87,7 @@ from shardfleet.ops import (
     StepResult,
 )
 from shardfleet.shardmap import ShardMap, ShardRange, freeze_owner
+from shardfleet.tls import TLS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -138,6 +139,9 @@ class Options:
     # the copy this call re-attaches the node from (what the call that named the copy
     # returned in Result.copy["copy_id"]): a newer copy named since refuses it
     copy_id: str = ""
+    # client TLS of every admin connection and of the logical rebuild's mariadb-dump and
+    # mariadb (shardfleet.tls; off by default)
+    tls: TLS = field(default_factory=TLS)
 
 
 @dataclass
@@ -170,7 +174,7 @@ class Result:
 
 def _connect(server: str, opts: Options) -> pymysql.connections.Connection:
     return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout,
-                            read_timeout=opts.read_timeout)
+                            read_timeout=opts.read_timeout, tls=opts.tls)
 
 
 def mysql_code(exc: BaseException) -> int:
@@ -1378,14 +1382,11 @@ SHARD_DB_RE = "^db[0-9]{5}$"
 
 
 def _client_defaults(tmpdir: str, opts: Options) -> str:
-    """A client option file with the password (never on a command line)."""
-    import os
+    """A client option file with the password (never on a command line) and the TLS
+    options of *opts* (the dump and the load connect over TCP)."""
+    from shardfleet import physical
 
-    path = os.path.join(tmpdir, "client.cnf")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"[client]\nuser={opts.user}\npassword={opts.password}\n")
-    return path
+    return physical.client_defaults(tmpdir, opts.user, opts.password, opts.tls)
 
 
 def copy_shards(source: str, dest: str, databases: list[str], opts: Options) -> None:

@@ -36,6 +36,7 @@ from shardfleet.errors import (
 )
 from shardfleet.mapstore import NO_NODE, MapStore
 from shardfleet.shardmap import ShardMap, ShardRange
+from shardfleet.tls import TLS
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +82,16 @@ class Pool:
     """
 
     def __init__(self, server: str, *, user: str, password: str, size: int = 8,
-                 connect_timeout: float = 5.0, read_timeout: float = 30.0) -> None:
+                 connect_timeout: float = 5.0, read_timeout: float = 30.0,
+                 tls: TLS | None = None) -> None:
         self.server = server
         self.host, self.port = split_hostport(server)
         self.connect_timeout = connect_timeout
+        self.tls = tls or TLS()
         self._kw = dict(host=self.host, port=self.port, user=user, password=password,
                         charset="utf8mb4", autocommit=True, connect_timeout=connect_timeout,
-                        read_timeout=read_timeout, write_timeout=read_timeout)
+                        read_timeout=read_timeout, write_timeout=read_timeout,
+                        **self.tls.pymysql_kwargs())
         self.size = size
         self._idle: deque[pymysql.connections.Connection] = deque()
 
@@ -113,6 +117,10 @@ class Pool:
         conn = pymysql.connections.Connection(defer_connect=True, **self._kw)
         conn.host_info = f"socket {self.host}:{self.port}"
         conn.connect(sock)
+        try:
+            self.tls.check(conn, self.server)
+        except Exception as exc:  # the pool's callers take OperationalError 2003
+            raise pymysql.err.OperationalError(CR.CR_CONN_HOST_ERROR, str(exc)) from None
         return conn
 
     def _open(self, give_up: Callable[[], bool] | None, poll: float) -> socket.socket | None:
@@ -238,6 +246,9 @@ class Router:
       written on a thread of the router's own after each new version;
       :meth:`flush_cache` waits for it, and a started or closed router has done so.
     * ``user`` / ``password`` — the application's MySQL credential.
+    * ``tls`` (None: off) — a :class:`~shardfleet.tls.TLS`: ``ca_cert``, ``client_cert``,
+      ``client_key``, ``check_hostname`` (community.mysql's names) for every connection
+      to a master. A production fleet gives ``TLS(ca_cert=...)`` (the name checked).
     * ``pool_size`` (8) — idle connections kept per master.
     * ``connect_timeout`` (5.0 s) — for the TCP connect and the server's greeting.
     * ``read_timeout`` (30.0 s) — for each statement's answer.
@@ -253,11 +264,14 @@ class Router:
                  cache_file: str | Path | None = None, user: str = "shardfleet_app",
                  password: str = "", pool_size: int = 8, connect_timeout: float = 5.0,
                  read_timeout: float = 30.0, frozen_wait: float = 5.0,
-                 frozen_poll: float = 0.02) -> None:
+                 frozen_poll: float = 0.02, tls: TLS | None = None) -> None:
         self.store = store
         self.cache_file = Path(cache_file) if cache_file else None
         self._pool_kw = dict(user=user, password=password, size=pool_size,
-                             connect_timeout=connect_timeout, read_timeout=read_timeout)
+                             connect_timeout=connect_timeout, read_timeout=read_timeout,
+                             tls=tls)
+        if tls is not None and tls.enabled:
+            tls.context  # noqa: B018 - a bad certificate file is refused here, not per pool
         self.frozen_wait = frozen_wait
         self.frozen_poll = frozen_poll
         self._pools: dict[str, Pool] = {}

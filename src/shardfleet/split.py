@@ -55,6 +55,7 @@ from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
 from shardfleet.ops import Journal, Runner, Step, StepResult, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
+from shardfleet.tls import TLS
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +118,15 @@ class Split:
     * ``drain_timeout`` (2 s) — how long the cutover waits for writes that passed the
       fence's privilege check to finish; on timeout the cutover is undone.
     * ``lock_timeout`` (5 s) — waiting for the pairs' operation locks (LockBusy after).
+    * ``tls`` (None: off) — client TLS options of the admin connections
+      (:mod:`shardfleet.tls`).
     """
 
     def __init__(self, store: ZooKeeperMapStore, spec: SplitSpec, creds: Credentials, *,
                  schema: Schema | None = None, catchup_timeout: float = 600.0,
                  cutover_timeout: float = 5.0, drain_timeout: float = 2.0,
-                 lock_timeout: float = 5.0, connect_timeout: float = 10.0) -> None:
+                 lock_timeout: float = 5.0, connect_timeout: float = 10.0,
+                 tls: TLS | None = None) -> None:
         if spec.source == spec.target:
             raise SplitError(f"source and target are the same server {spec.source}")
         self.store = store
@@ -134,6 +138,7 @@ class Split:
         self.drain_timeout = drain_timeout
         self.lock_timeout = lock_timeout
         self.connect_timeout = connect_timeout
+        self.tls = tls
         self._conns: dict[str, Any] = {}
         self.moving: tuple[int, int] = (0, 0)
         self.original: ShardRange | None = None
@@ -147,7 +152,8 @@ class Split:
         if c is None or not c.open:
             c = self._conns[server] = topology.connect(
                 server, self.creds.admin_user, self.creds.admin_password,
-                timeout=self.connect_timeout, client_flag=provision.multi_statement_flags())
+                timeout=self.connect_timeout, client_flag=provision.multi_statement_flags(),
+                tls=self.tls)
         return c
 
     def close(self) -> None:
@@ -414,7 +420,7 @@ class Split:
         import pymysql.cursors
 
         snap = topology.connect(src, self.creds.admin_user, self.creds.admin_password,
-                                timeout=self.connect_timeout)
+                                timeout=self.connect_timeout, tls=self.tls)
         try:
             with snap.cursor() as cur:
                 cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")

@@ -10,25 +10,28 @@ from shardfleet import replication, topology
 from shardfleet.errors import ShardfleetError
 from shardfleet.mapstore import MapStore
 from shardfleet.shardmap import freeze_owner
+from shardfleet.tls import TLS
 
 
 def collect(store: MapStore, user: str, password: str, *, extra_servers: list[str] | None = None,
             sizes: bool = True, zookeeper_hosts: list[str] | None = None,
-            timeout: float = 5.0, labels: dict[str, dict[str, str]] | None = None
-            ) -> dict[str, Any]:
+            timeout: float = 5.0, labels: dict[str, dict[str, str]] | None = None,
+            tls: TLS | None = None) -> dict[str, Any]:
     """The map (the source of truth) and what every server says, side by side.
 
     *extra_servers* are reported besides the map's (an inventory's nodes the map does
     not name yet); *labels* give a server (``host:port``) the names people know it by
     (``{"host": inventory name, "pair": pair name}``). The report carries
-    ``problems``: where the servers and the map disagree (:func:`problems`)."""
+    ``problems``: where the servers and the map disagree (:func:`problems`). *tls*: the
+    client TLS options of every MySQL connection (:mod:`shardfleet.tls`)."""
     v = store.read()
     m = v.map
     servers: list[str] = sorted(set((m.servers() if m else set()) | set(extra_servers or [])))
     with ThreadPoolExecutor(max_workers=8) as pool:
         states = dict(zip(servers, pool.map(
             lambda s: topology.server_state(s, user, password, timeout=timeout,
-                                            with_sizes=sizes).to_dict(), servers), strict=True))
+                                            with_sizes=sizes, tls=tls).to_dict(),
+            servers), strict=True))
         zk_nodes = [h.strip() for hs in (zookeeper_hosts or []) for h in hs.split(",")
                     if h.strip()]
         zk = list(pool.map(topology.zookeeper_mode, zk_nodes))

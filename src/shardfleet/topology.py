@@ -19,6 +19,7 @@ import pymysql
 import pymysql.cursors
 
 from shardfleet.errors import DatabaseError
+from shardfleet.tls import TLS
 
 log = logging.getLogger(__name__)
 
@@ -50,26 +51,31 @@ def dialect_for(version: str) -> Dialect:
 
 def connect(server: str, user: str, password: str, *, timeout: float = 5.0,
             unix_socket: str | None = None, read_timeout: float | None = None,
-            **kw: Any) -> pymysql.connections.Connection:
+            tls: TLS | None = None, **kw: Any) -> pymysql.connections.Connection:
     """An admin connection to ``host:port`` (or a unix socket); one-line errors.
 
     *timeout* bounds the TCP connect; *read_timeout* (default ``max(timeout, 30)``) bounds
     every read, the server's greeting included: a server that accepts connections and never
-    answers (stopped, wedged) is given up on after it, not after *timeout*."""
+    answers (stopped, wedged) is given up on after it, not after *timeout*. *tls* (default
+    off) are the client TLS options (:mod:`shardfleet.tls`); a unix socket stays plain."""
     host, _, port = server.rpartition(":")
     kw["read_timeout"] = max(timeout, 30) if read_timeout is None else read_timeout
+    tls = tls or TLS()
     try:
         if unix_socket:
             return pymysql.connect(unix_socket=unix_socket, user=user, password=password,
-                                   autocommit=True, connect_timeout=timeout, **kw)
-        return pymysql.connect(host=host.strip("[]"), port=int(port), user=user,
+                                   autocommit=True, connect_timeout=timeout,
+                                   ssl_disabled=True, **kw)
+        conn = pymysql.connect(host=host.strip("[]"), port=int(port), user=user,
                                password=password, autocommit=True, connect_timeout=timeout,
-                               **kw)
+                               **tls.pymysql_kwargs(), **kw)
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else 0
         what = "wrong credentials" if code == 1045 else "cannot connect"
         where = unix_socket or server
         raise DatabaseError(f"{where}: {what}: {exc.args[-1] if exc.args else exc}") from None
+    tls.check(conn, server)
+    return conn
 
 
 def dict_rows(conn: Any, sql: str, params: Any = None) -> list[dict[str, Any]]:
@@ -154,10 +160,10 @@ def replica_channels(conn: Any, dialect: Dialect) -> list[ReplicaChannel]:
 
 
 def server_state(server: str, user: str, password: str, *, timeout: float = 5.0,
-                 with_sizes: bool = True) -> ServerState:
+                 with_sizes: bool = True, tls: TLS | None = None) -> ServerState:
     """Everything ``shard_info`` reports about one server; unreachable is a state, not an error."""
     try:
-        conn = connect(server, user, password, timeout=timeout)
+        conn = connect(server, user, password, timeout=timeout, tls=tls)
     except DatabaseError as exc:
         return ServerState(server, False, str(exc))
     try:
