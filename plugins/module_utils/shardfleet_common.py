@@ -31,7 +31,34 @@ def mysql_argument_spec():
         login_password=dict(type="str", default="", no_log=True),
         login_unix_socket=dict(type="str"),
         connect_timeout=dict(type="float", default=10),
+        **mysql_tls_argument_spec(),
     )
+
+
+def mysql_tls_argument_spec():
+    """The client TLS options (community.mysql's names), documented by the doc fragment
+    ``shardfleet.fleet.mysql.tls`` (in ``shardfleet.fleet.mysql`` too). Paths, not
+    secrets: the key file's content never passes through the module."""
+    return dict(
+        ca_cert=dict(type="path", aliases=["ssl_ca"]),
+        client_cert=dict(type="path", aliases=["ssl_cert"]),
+        client_key=dict(type="path", aliases=["ssl_key"], no_log=False),
+        check_hostname=dict(type="bool"),
+    )
+
+
+def mysql_tls(module):
+    """The library's TLS options from the module's (fail_json on a bad combination or an
+    unreadable certificate file)."""
+    from shardfleet.tls import TLS
+
+    p = module.params
+    with library_errors(module, "TLS options"):
+        tls = TLS(ca_cert=p.get("ca_cert"), client_cert=p.get("client_cert"),
+                  client_key=p.get("client_key"), check_hostname=p.get("check_hostname"))
+        if tls.enabled:
+            tls.context  # noqa: B018 - a bad file fails here, named, before any login
+    return tls
 
 
 def zookeeper_argument_spec():
@@ -70,7 +97,8 @@ def mysql_connect(module, **kw):
     with library_errors(module, f"{p['login_host']}:{p['login_port']}"):
         return topology.connect(f"{p['login_host']}:{p['login_port']}", p["login_user"],
                                 p["login_password"], timeout=p["connect_timeout"],
-                                unix_socket=p["login_unix_socket"], **kw)
+                                unix_socket=p["login_unix_socket"], tls=mysql_tls(module),
+                                **kw)
 
 
 def zookeeper_hosts(module):

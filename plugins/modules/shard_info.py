@@ -20,6 +20,7 @@ version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
   - shardfleet.fleet.zookeeper
+  - shardfleet.fleet.mysql.tls
 options:
   login_user:
     description: MySQL user able to read replication status (the admin user).
@@ -116,6 +117,8 @@ labels:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
+    mysql_tls,
+    mysql_tls_argument_spec,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -132,7 +135,7 @@ def run(module):
             report = status.collect(store, p["login_user"], p["login_password"],
                                     extra_servers=p["servers"], sizes=p["sizes"],
                                     zookeeper_hosts=p["zookeeper_hosts"],
-                                    labels=p["labels"])
+                                    labels=p["labels"], tls=mysql_tls(module))
         finally:
             store.close(timeout=2)
     module.exit_json(changed=False, table=status.render(report), **report)
@@ -140,6 +143,7 @@ def run(module):
 
 def main():
     spec = zookeeper_argument_spec()
+    spec.update(mysql_tls_argument_spec())
     spec.update(
         login_user=dict(type="str", default="shardfleet_admin"),
         login_password=dict(type="str", default="", no_log=True),

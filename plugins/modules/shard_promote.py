@@ -42,6 +42,7 @@ version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
   - shardfleet.fleet.zookeeper
+  - shardfleet.fleet.mysql.tls
 options:
   pair:
     description: The pair's name (its lock and journal are named after it), e.g. C(pair001).
@@ -256,6 +257,8 @@ channel_removed:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
+    mysql_tls,
+    mysql_tls_argument_spec,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -274,7 +277,7 @@ def run(module):
                            replication_user=p["replication_user"],
                            replication_password=p["replication_password"],
                            copy=p["copy"], copy_position=p["copy_position"],
-                           copy_id=p["copy_id"])
+                           copy_id=p["copy_id"], tls=mysql_tls(module))
     store = zookeeper_store(module)
     with library_errors(module, f"promote {p['pair']}"):
         try:
@@ -299,6 +302,7 @@ def run(module):
 
 def main():
     spec = zookeeper_argument_spec()
+    spec.update(mysql_tls_argument_spec())
     spec.update(
         pair=dict(type="str", required=True),
         nodes=dict(type="list", elements="str", required=True),

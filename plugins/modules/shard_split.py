@@ -27,6 +27,7 @@ version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
   - shardfleet.fleet.zookeeper
+  - shardfleet.fleet.mysql.tls
 options:
   source:
     description: The source pair's master, C(host:port) as the map names it.
@@ -177,6 +178,8 @@ changes:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
     library_errors,
+    mysql_tls,
+    mysql_tls_argument_spec,
     require_library,
     zookeeper_argument_spec,
     zookeeper_store,
@@ -203,7 +206,7 @@ def run(module):
             with sp.Split(store, spec, creds, catchup_timeout=p["catchup_timeout"],
                           cutover_timeout=p["cutover_timeout"], drain_timeout=p["drain_timeout"],
                           connect_timeout=p["connect_timeout"],
-                          lock_timeout=p["lock_timeout"]) as split:
+                          lock_timeout=p["lock_timeout"], tls=mysql_tls(module)) as split:
                 if module.check_mode:
                     res = split.run(p["step"], cleanup=p["cleanup"], check=True)
                     todo = [r.step for r in res if r.changed]
@@ -228,6 +231,7 @@ def run(module):
 
 def main():
     spec = zookeeper_argument_spec()
+    spec.update(mysql_tls_argument_spec())
     spec.update(
         source=dict(type="str", required=True),
         target=dict(type="str", required=True),

@@ -48,4 +48,52 @@ def test_module_documentation_parses(path: Path) -> None:
                                   "zookeeper_user", "zookeeper_password",
                                   "zookeeper_timeout", "login_host", "login_port",
                                   "login_user", "login_password", "login_unix_socket",
-                                  "connect_timeout"}, sorted(declared - options)
+                                  "connect_timeout", "ca_cert", "client_cert",
+                                  "client_key", "check_hostname"}, sorted(declared - options)
+
+
+def _fragment() -> dict[str, dict]:
+    ns: dict = {}
+    exec((ROOT / "plugins" / "doc_fragments" / "mysql.py").read_text(), ns)  # noqa: S102
+    frag = ns["ModuleDocFragment"]
+    return {"mysql": yaml.safe_load(frag.DOCUMENTATION)["options"],
+            "mysql.tls": yaml.safe_load(frag.TLS)["options"]}
+
+
+def test_the_mysql_fragment_documents_the_shared_specs_and_tls():
+    """mysql_argument_spec() (login and TLS) and mysql_tls_argument_spec() are what the
+    fragments shardfleet.fleet.mysql and shardfleet.fleet.mysql.tls document, with the
+    same types and aliases."""
+    import importlib.util
+    import sys
+    import types
+
+    # the module_utils file imports ansible only for missing_required_lib
+    sys.modules.setdefault("ansible.module_utils.basic",
+                           types.SimpleNamespace(missing_required_lib=lambda n: n))
+    spec_path = ROOT / "plugins" / "module_utils" / "shardfleet_common.py"
+    spec = importlib.util.spec_from_file_location("_sf_common", spec_path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    frag = _fragment()
+    for name, args in (("mysql", mod.mysql_argument_spec()),
+                       ("mysql.tls", mod.mysql_tls_argument_spec())):
+        assert set(frag[name]) == set(args), (name, sorted(set(frag[name]) ^ set(args)))
+        for opt, a in args.items():
+            assert frag[name][opt]["type"] == a["type"], (name, opt)
+            assert frag[name][opt].get("aliases", []) == a.get("aliases", []), (name, opt)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_a_module_taking_the_tls_options_documents_them(path: Path) -> None:
+    """A module that logs in to MySQL over TCP takes ca_cert, client_cert, client_key and
+    check_hostname (from the shared spec) and extends the fragment that documents them."""
+    text = path.read_text()
+    takes = "mysql_argument_spec()" in text or "mysql_tls_argument_spec()" in text
+    frags = yaml.safe_load(_blocks(path)["DOCUMENTATION"]).get(
+        "extends_documentation_fragment") or []
+    documents = bool({"shardfleet.fleet.mysql", "shardfleet.fleet.mysql.tls"} & set(frags))
+    assert takes == documents, (path.stem, takes, frags)
+    if "topology.connect(" in text or "status.collect(" in text or "Options(" in text:
+        if "unix_socket=" not in text:  # a local socket connection stays plain
+            assert "mysql_tls(module)" in text or "mysql_connect(" in text, path.stem
