@@ -57,18 +57,31 @@ class TLS:
     @functools.cached_property
     def context(self) -> ssl.SSLContext:
         """The client context (made once; raises InvalidInputError naming a bad file)."""
+        for option in ("ca_cert", "client_cert", "client_key"):
+            path = getattr(self, option)
+            if path:
+                try:
+                    with open(path, "rb"):
+                        pass
+                except OSError as exc:
+                    raise InvalidInputError(f"TLS option {option}: cannot read {path}: "
+                                            f"{exc.strerror}") from None
         try:
             ctx = ssl.create_default_context(cafile=self.ca_cert or None)
-            # as PyMySQL does: certificates made by MariaDB's and older tools lack some
-            # extensions Python 3.13 insists on by default
-            ctx.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
-            ctx.check_hostname = self.verifies_name
-            if not self.ca_cert and not self.check_hostname:
-                ctx.verify_mode = ssl.CERT_NONE  # encrypted, the server not verified
-            if self.client_cert:
+        except ssl.SSLError as exc:
+            raise InvalidInputError(f"TLS option ca_cert: {self.ca_cert}: {exc}") from None
+        # as PyMySQL does: certificates made by MariaDB's and older tools lack some
+        # extensions Python 3.13 insists on by default
+        ctx.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+        ctx.check_hostname = self.verifies_name
+        if not self.ca_cert and not self.check_hostname:
+            ctx.verify_mode = ssl.CERT_NONE  # encrypted, the server not verified
+        if self.client_cert:
+            try:
                 ctx.load_cert_chain(self.client_cert, self.client_key or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise InvalidInputError(f"TLS options: {exc}") from None
+            except ssl.SSLError as exc:
+                raise InvalidInputError(f"TLS options client_cert/client_key: "
+                                        f"{self.client_cert}: {exc}") from None
         return ctx
 
     def pymysql_kwargs(self) -> dict[str, Any]:

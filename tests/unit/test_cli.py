@@ -126,3 +126,28 @@ def test_zookeeper_down_is_one_line_naming_the_hosts_as_given():
         assert p.stderr.count("\n") == 1, (argv, p.stderr)
         assert p.stderr.startswith(f"shardfleet: error: ZooKeeper at {zk} is unreachable"), \
             (argv, p.stderr)
+
+
+@pytest.mark.parametrize("command", ["status", "exporter", "migrate"])
+def test_the_commands_that_log_in_take_the_tls_options(command, monkeypatch):
+    """--ca-cert, --client-cert, --client-key, --check-hostname (community.mysql's names),
+    each defaulting to its SHARDFLEET_MYSQL_* variable; TLS off unless one is given."""
+    for var in cli._TLS_ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    args = cli.build_parser().parse_args([command])
+    assert not cli._tls(args).enabled
+    args = cli.build_parser().parse_args([command, "--ca-cert", "/ca.pem", "--no-check-hostname"])
+    assert (args.ca_cert, args.check_hostname) == ("/ca.pem", False)
+    monkeypatch.setenv("SHARDFLEET_MYSQL_CLIENT_CERT", "/c.pem")
+    monkeypatch.setenv("SHARDFLEET_MYSQL_CHECK_HOSTNAME", "true")
+    args = cli.build_parser().parse_args([command])
+    assert args.client_cert == "/c.pem"
+
+
+def test_tls_option_errors_are_usage_errors(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("SHARDFLEET_MYSQL_CHECK_HOSTNAME", "maybe")
+    rc, _, err = run(capsys, "status", "--zk", f"127.0.0.1:{free_port()}")
+    assert rc == 2 and "SHARDFLEET_MYSQL_CHECK_HOSTNAME='maybe'" in err, err
+    monkeypatch.delenv("SHARDFLEET_MYSQL_CHECK_HOSTNAME")
+    rc, _, err = run(capsys, "status", "--client-key", str(tmp_path / "k.pem"))
+    assert rc == 2 and "client_key is given without client_cert" in err, err

@@ -1,0 +1,246 @@
+"""Client TLS against a real MariaDB that requires it (``--require-secure-transport=ON``):
+a throwaway CA made with openssl signs a server certificate naming 127.0.0.1 (an IP SAN),
+a second one naming another host, and a client certificate. The library, the Router (a
+write and a read through Store), a module (through ansible-playbook) and the CLI connect
+with ``ca_cert``; a plaintext connection, a wrong CA, a wrong name and an X509 account
+without a client certificate are refused.
+
+MariaDB 10.11 answers a plaintext login under ``require_secure_transport`` with error 1045
+(Access denied ... using password: YES), as for a wrong password: each refusal here is
+next to the same credential accepted over TLS."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from shardfleet import provision, topology
+from shardfleet.errors import DatabaseError
+from shardfleet.router import Router
+from shardfleet.schema import default_schema
+from shardfleet.shardmap import ShardMap
+from shardfleet.store import Store
+from shardfleet.testing import MariaDBServer
+from shardfleet.tls import TLS
+
+from .test_modules import run_module
+
+APP_USER = "sf_tls_app"
+APP_PASSWORD = "sf-tls-app-test"
+X509_USER = "sf_x509"
+X509_PASSWORD = "sf-x509-test"
+SHARDS = list(range(0, 4))
+REFUSED = "Access denied"  # plaintext under require_secure_transport (module docstring)
+
+
+def _openssl(cwd: Path, *args: str) -> None:
+    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"openssl {args[0]}: {p.stderr}"
+
+
+def _signed(d: Path, ca: str, name: str, subject: str, san: str | None, usage: str) -> None:
+    """``name.key`` and ``name.pem``: a certificate signed by the CA *ca* (``ca.pem``)."""
+    _openssl(d, "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+             "-subj", f"/CN={subject}", "-out", f"{name}.csr")
+    ext = [f"extendedKeyUsage={usage}", "basicConstraints=CA:FALSE"]
+    if san:
+        ext.append(f"subjectAltName={san}")
+    (d / f"{name}.ext").write_text("\n".join(ext) + "\n")
+    _openssl(d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey",
+             f"{ca}.key", "-CAcreateserial", "-days", "2", "-sha256", "-extfile",
+             f"{name}.ext", "-out", f"{name}.pem")
+
+
+def _ca(d: Path, name: str) -> None:
+    _openssl(d, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-sha256",
+             "-subj", f"/CN=shardfleet test {name}", "-keyout", f"{name}.key",
+             "-out", f"{name}.pem", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    """A throwaway CA (``ca``), another CA (``other``), the server certificates ``server``
+    (IP SAN 127.0.0.1) and ``wrongname`` (DNS wrong.example), and a client certificate."""
+    d = tmp_path_factory.mktemp("tls")
+    _ca(d, "ca")
+    _ca(d, "other")
+    _signed(d, "ca", "server", "127.0.0.1", "IP:127.0.0.1", "serverAuth")
+    _signed(d, "ca", "wrongname", "wrong.example", "DNS:wrong.example", "serverAuth")
+    _signed(d, "ca", "client", X509_USER, None, "clientAuth")
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
+    return d
+
+
+def _tls_server(base: Path, certs: Path, cert: str) -> MariaDBServer:
+    return MariaDBServer(base, extra=[
+        "--innodb-file-per-table=0", f"--ssl-ca={certs / 'ca.pem'}",
+        f"--ssl-cert={certs / f'{cert}.pem'}", f"--ssl-key={certs / f'{cert}.key'}",
+        "--require-secure-transport=ON"]).start()
+
+
+def _admin(server: MariaDBServer) -> pymysql.connections.Connection:
+    """root over the unix socket (local: no TLS needed, whatever the library does)."""
+    return pymysql.connect(unix_socket=str(server.socket), user="root", autocommit=True,
+                           password=server.root_password,
+                           client_flag=provision.multi_statement_flags())
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory, certs):
+    server = _tls_server(tmp_path_factory.mktemp("mariadb-tls"), certs, "server")
+    conn = _admin(server)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))
+            cur.execute(f"CREATE USER '{X509_USER}'@'%%' IDENTIFIED BY %s REQUIRE X509",
+                        (X509_PASSWORD,))
+        provision.ensure_shards(conn, SHARDS, default_schema(), app_user=APP_USER)
+    finally:
+        conn.close()
+    yield server
+    server.stop(remove=True)
+
+
+def ca(certs: Path, name: str = "ca") -> str:
+    return str(certs / f"{name}.pem")
+
+
+def _cipher(conn) -> str:
+    with conn.cursor() as cur:
+        cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        row = cur.fetchone()
+    return row[1] if row else ""
+
+
+def test_a_plaintext_library_connection_is_refused(tls_server, certs):
+    """TLS is off unless given, and a server requiring secure transport refuses that (before
+    the change PyMySQL's own default, an unverified TLS attempt, connected)."""
+    with pytest.raises(DatabaseError, match=REFUSED):
+        topology.connect(tls_server.address, "root", tls_server.root_password)
+    topology.connect(tls_server.address, "root", tls_server.root_password,
+                     tls=TLS(ca_cert=ca(certs))).close()
+
+
+def test_the_library_connects_with_ca_cert_and_refuses_another_ca(tls_server, certs):
+    conn = topology.connect(tls_server.address, "root", tls_server.root_password,
+                            tls=TLS(ca_cert=ca(certs)))
+    try:
+        assert _cipher(conn), "connected without TLS"
+    finally:
+        conn.close()
+    with pytest.raises(DatabaseError, match="CERTIFICATE_VERIFY_FAILED|certificate verify"):
+        topology.connect(tls_server.address, "root", tls_server.root_password,
+                         tls=TLS(ca_cert=ca(certs, "other")))
+
+
+def test_the_router_writes_and_reads_through_store_with_ca_cert(tls_server, certs, tmp_path):
+    m = ShardMap.from_ranges([{"range": [0, 3], "master": tls_server.address,
+                               "standby": None, "state": "open"}], mod_shard_count=4)
+    r = Router(shard_map=m, user=APP_USER, password=APP_PASSWORD, tls=TLS(ca_cert=ca(certs)),
+               connect_timeout=10)
+    s = Store(r)
+    try:
+        oid = s.create("pin", {"tls": "yes"})
+        assert s.get(oid)["tls"] == "yes"
+        with r.connection(tls_server.address) as conn:
+            assert _cipher(conn), "the router's pool connected without TLS"
+    finally:
+        s.close()
+        r.close()
+    plain = Router(shard_map=m, user=APP_USER, password=APP_PASSWORD, connect_timeout=10)
+    s = Store(plain)
+    try:
+        with pytest.raises(Exception, match=REFUSED):
+            s.get(oid)
+    finally:
+        s.close()
+        plain.close()
+
+
+def test_a_module_connects_with_ca_cert(tls_server, certs, tmp_path):
+    login = {"login_host": "127.0.0.1", "login_port": tls_server.port, "login_user": "root",
+             "login_password": tls_server.root_password}
+    args = {**login, "range": [40, 41], "app_user": APP_USER}
+    res, out = run_module(tmp_path, "shard_databases", args)
+    assert res.get("failed") and REFUSED in res["msg"], res
+    res, out = run_module(tmp_path, "shard_databases", {**args, "ca_cert": ca(certs)})
+    assert not res.get("failed") and res["databases_created"] == 2, res
+    assert tls_server.root_password not in out
+    conn = _admin(tls_server)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM information_schema.SCHEMATA "
+                        "WHERE SCHEMA_NAME IN ('db00040', 'db00041')")
+            assert cur.fetchone()[0] == 2
+    finally:
+        conn.close()
+
+
+def test_check_hostname_refuses_a_certificate_naming_another_host(tmp_path_factory, certs):
+    server = _tls_server(tmp_path_factory.mktemp("mariadb-wrongname"), certs, "wrongname")
+    try:
+        for tls in (TLS(ca_cert=ca(certs)), TLS(ca_cert=ca(certs), check_hostname=True)):
+            with pytest.raises(DatabaseError, match="mismatch|doesn't match|not valid for"):
+                topology.connect(server.address, "root", server.root_password, tls=tls)
+        # the name unchecked, the chain still is
+        conn = topology.connect(server.address, "root", server.root_password,
+                                tls=TLS(ca_cert=ca(certs), check_hostname=False))
+        assert _cipher(conn)
+        conn.close()
+    finally:
+        server.stop(remove=True)
+
+
+def test_an_x509_account_needs_the_client_certificate(tls_server, certs):
+    with pytest.raises(DatabaseError, match="wrong credentials|Access denied"):
+        topology.connect(tls_server.address, X509_USER, X509_PASSWORD,
+                         tls=TLS(ca_cert=ca(certs)))
+    conn = topology.connect(tls_server.address, X509_USER, X509_PASSWORD,
+                            tls=TLS(ca_cert=ca(certs), client_cert=str(certs / "client.pem"),
+                                    client_key=str(certs / "client.key")))
+    try:
+        assert topology.scalar(conn, "SELECT CURRENT_USER()").startswith(X509_USER + "@")
+    finally:
+        conn.close()
+
+
+def test_the_cli_status_connects_with_ca_cert(tls_server, certs, zookeeper):
+    """``shardfleet status`` reaches the map's server with --ca-cert (or its environment
+    variable), not without; a missing certificate file is a usage error (exit 2)."""
+    import json
+    import os
+    import uuid
+
+    from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+
+    cluster = "tls" + uuid.uuid4().hex[:8]
+    zk = ZooKeeperMapStore(zookeeper.address, cluster)
+    zk.write(ShardMap.from_ranges([{"range": [0, 3], "master": tls_server.address,
+                                    "standby": None, "state": "open"}], mod_shard_count=4),
+             NO_NODE)
+    zk.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLEET_MYSQL_")}
+    env["SHARDFLEET_MYSQL_PASSWORD"] = tls_server.root_password
+    cmd = [str(Path(sys.executable).parent / "shardfleet"), "status", "--zk",
+           zookeeper.address, "--cluster", cluster, "--user", "root", "--json", "--no-sizes"]
+
+    def state(*extra: str, **more: str) -> dict:
+        p = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=120,
+                           env={**env, **more})
+        assert p.returncode == 0, p.stderr
+        assert tls_server.root_password not in p.stdout + p.stderr
+        return json.loads(p.stdout)["servers"][tls_server.address]
+
+    plain = state()
+    assert not plain["reachable"] and REFUSED in plain["error"], plain
+    assert state("--ca-cert", ca(certs))["reachable"]
+    assert state(SHARDFLEET_MYSQL_CA_CERT=ca(certs))["reachable"]
+    p = subprocess.run([*cmd, "--ca-cert", str(certs / "missing.pem")], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "missing.pem" in p.stderr, p.stdout + p.stderr
