@@ -111,6 +111,17 @@ def ca(certs: Path, name: str = "ca") -> str:
     return str(certs / f"{name}.pem")
 
 
+def _connections(server: MariaDBServer) -> int:
+    """Connections the server accepted so far (this one over its socket included)."""
+    conn = _admin(server)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Connections'")
+            return int(cur.fetchone()[1]) - 1
+    finally:
+        conn.close()
+
+
 def _cipher(conn) -> str:
     with conn.cursor() as cur:
         cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
@@ -148,6 +159,11 @@ def test_the_router_writes_and_reads_through_store_with_ca_cert(tls_server, cert
     try:
         oid = s.create("pin", {"tls": "yes"})
         assert s.get(oid)["tls"] == "yes"
+        # the pool keeps its TLS connections (an idle one is not taken for closed)
+        before = _connections(tls_server)
+        for _ in range(5):
+            assert s.get(oid)["tls"] == "yes"
+        assert _connections(tls_server) - before <= 1, "the pool reconnected for each read"
         with r.connection(tls_server.address) as conn:
             assert _cipher(conn), "the router's pool connected without TLS"
     finally:
