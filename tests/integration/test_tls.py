@@ -94,17 +94,19 @@ def _admin(server: MariaDBServer) -> pymysql.connections.Connection:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory, certs):
     server = _tls_server(tmp_path_factory.mktemp("mariadb-tls"), certs, "server")
-    conn = _admin(server)
     try:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))
-            cur.execute(f"CREATE USER '{X509_USER}'@'%%' IDENTIFIED BY %s REQUIRE X509",
-                        (X509_PASSWORD,))
-        provision.ensure_shards(conn, SHARDS, default_schema(), app_user=APP_USER)
-    finally:
-        conn.close()
-    yield server
-    server.stop(remove=True)
+        conn = _admin(server)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))
+                cur.execute(f"CREATE USER '{X509_USER}'@'%%' IDENTIFIED BY %s REQUIRE X509",
+                            (X509_PASSWORD,))
+            provision.ensure_shards(conn, SHARDS, default_schema(), app_user=APP_USER)
+        finally:
+            conn.close()
+        yield server
+    finally:  # a failed setup leaves no server behind
+        server.stop(remove=True)
 
 
 def ca(certs: Path, name: str = "ca") -> str:
