@@ -324,19 +324,22 @@ def test_the_old_master_rebuilt_by_a_physical_copy_under_a_writer(fleet: Fleet) 
             f"no old master of {PAIR} awaits a rebuild: {[r.to_dict() for r in ranges]}"
         master, old = ranges[0].master, str(ranges[0].extra["rebuild"])
         _wait_answer(fleet, old, timeout=300).close()
-        # bounded well past the rebuild under load (it took over 250 s at load 10)
-        w = Writer(store, max_seconds=900, near=ids.compose(ranges[0].first, 1, 1)).start()
+        # bounded past the rebuild under load in time and in writes (at load 10 the
+        # playbook took over 200 s, and a bound of 20,000 writes ended the writer first)
+        w = Writer(store, max_seconds=900, near=ids.compose(ranges[0].first, 1, 1),
+                   max_writes=400_000).start()
         try:
             assert w.wait_acks(100), f"writer made no progress: {w.errors[-3:]}"
             rb = fleet.playbook("rebuild-standby.yml", "-e", f"pair={PAIR}")
+            report.append(f"rebuild-standby (physical, {len(_shards(fleet, master))} shards, "
+                          f"under a writer): rc {rb.rc}, playbook {rb.seconds:.0f}s, "
+                          f"{len(w.acked)} acked; "
+                          + "; ".join(ln.strip().strip('",') for ln in rb.output.splitlines()
+                                      if "COPY:" in ln))
             assert rb.rc == 0, rb.output[-4000:]
-            assert w.wait_acks(100), f"writer stopped: {w.errors[-3:]}"
+            assert w.wait_acks(100), f"writer stopped: {w.errors[-3:]} ({w.ops} ops)"
         finally:
             w.stop()
-        report.append(f"rebuild-standby (physical, {len(_shards(fleet, master))} shards, under "
-                      f"a writer): playbook {rb.seconds:.0f}s; "
-                      + "; ".join(ln.strip().strip('",') for ln in rb.output.splitlines()
-                                  if "COPY:" in ln))
         assert w.errors == [], f"writes failed during the rebuild: {w.errors[:3]}"
         after = _ranges(mapstore, _pair_nodes(fleet, PAIR))
         assert all("rebuild" not in r.extra and r.standby == old for r in after), \
