@@ -75,6 +75,12 @@ def promote_opts(**kw: Any) -> promote.Options:
                               "replication_password": REPL_PASSWORD, **kw})
 
 
+def opts_spec(**kw: Any) -> dict[str, Any]:
+    """:func:`promote_opts` as the operation's process takes them (JSON: the campaign's
+    connections use no TLS, so Options' default stands in for it there)."""
+    return {k: v for k, v in vars(promote_opts(**kw)).items() if k != "tls"}
+
+
 def roles(pair: tuple[MariaDBServer, ...]) -> tuple[MariaDBServer, MariaDBServer]:
     """(master, standby) by read_only; a pair with two or no writable node is broken."""
     a, b = pair
@@ -117,7 +123,7 @@ def rebuild_once(store: ZooKeeperMapStore, nodes: list[str], copy: str,
     """rebuild-standby.yml once: the library's call (logical), or the playbook's three
     parts (physical: fence and name the copy, the copy node to node, re-attach)."""
     if copy == "physical":
-        return rebuild_physical(store, PAIR, nodes, dict(vars(promote_opts(**kw))),
+        return rebuild_physical(store, PAIR, nodes, opts_spec(**kw),
                                 [s.handle() for s in pair])
     r = promote.rebuild_standby(store, PAIR, nodes, opts=promote_opts(**kw))
     return f"changed={r.changed} {r.steps} warnings={r.warnings}"
@@ -276,7 +282,7 @@ def test_planned_promotion_under_a_fault(seed, promote_pair, promote_store, zook
             scene.keep_cache()
             spec = op_spec({"op": "promote", "cluster": promote_store.cluster, "pair": PAIR,
                             "nodes": nodes, "mode": "planned", "expect_master": master.address,
-                            "opts": dict(vars(promote_opts()))},
+                            "opts": opts_spec()},
                            zookeeper.address, zk_proxy, sql_proxy, master)
             proc = OpProcess(OP_SCRIPT, spec, op_log)
             run.schedule.note("promotion started")
@@ -335,7 +341,7 @@ def emergency_run(run: Run, plan: dict[str, Any], pair: tuple[MariaDBServer, ...
         phase("emergency", {"op": "promote", "cluster": store.cluster, "pair": PAIR,
                             "nodes": nodes, "mode": "emergency",
                             "expect_master": master.address,
-                            "opts": dict(vars(promote_opts()))}, standby,
+                            "opts": opts_spec()}, standby,
               lambda: second_promotion(store, nodes, "emergency", master.address,
                                        plan["lock_timeout"]), logs[0])
         if recover_promotion(run, store, nodes, "emergency", master.address):
@@ -344,7 +350,7 @@ def emergency_run(run: Run, plan: dict[str, Any], pair: tuple[MariaDBServer, ...
                 run.schedule.note("old master started again")
             copy = plan.get("copy", "logical")
             phase("rebuild", {"op": "rebuild", "cluster": store.cluster, "pair": PAIR,
-                              "nodes": nodes, "opts": dict(vars(promote_opts())),
+                              "nodes": nodes, "opts": opts_spec(),
                               "copy": copy, "servers": [s.handle() for s in pair],
                               "die_in_install": plan.get("die_in_install")}, standby,
                   lambda: second_rebuild(store, nodes, plan["lock_timeout"], copy, pair),
