@@ -72,6 +72,30 @@ def stream(server: MariaDBServer, dest: str, *, secret: str = "s3cret",
     return sent, got.get("r")
 
 
+def emergency(pair: Any, zk_store: Any) -> tuple[MariaDBServer, MariaDBServer]:
+    """The master SIGKILLed, the emergency promotion, the old master started again (read
+    only, marked for rebuild): (old master, new master)."""
+    master, standby = roles(pair)
+    master.kill()
+    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    assert res.changed and res.new_master == standby.address
+    master.start()
+    return master, standby
+
+
+def copy_into(node: MariaDBServer, source: MariaDBServer) -> str:
+    """rebuild-standby.yml's copy: *source* streamed to *node*'s ``.incoming``, prepared
+    and installed (the node stopped and started); the copy's GTID position."""
+    incoming = str(Path(str(node.datadir) + ".incoming"))
+    sent, got = stream(source, incoming)
+    assert sent is not None and isinstance(got, physical.Received), got
+    physical.prepare(incoming)
+    pos = physical.position(incoming)
+    physical.install(incoming, str(node.datadir), stop=node.stop, start=node.start)
+    assert not Path(incoming).exists()
+    return pos
+
+
 def checksums(server: MariaDBServer) -> dict[str, int]:
     out: dict[str, int] = {}
     for shard in SHARDS:
@@ -112,15 +136,10 @@ def test_a_streamed_copy_prepares_and_carries_its_gtid_position(pair, tmp_path, 
 
 
 def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, writer_store):
-    master, standby = roles(pair)
     w = tp.Writer(writer_store, max_seconds=120).start()
     try:
         assert w.wait_acks(100), f"writer made no progress: {w.errors[-3:]}"
-        master.kill()
-        res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
-        assert res.changed and res.new_master == standby.address
-        master.start()
-        old, new = master, standby
+        old, new = emergency(pair, zk_store)
         o = ropts(copy="physical")
         # 1: fenced; the library says which copy to make, the rebuild stays in flight
         first = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
@@ -143,13 +162,7 @@ def test_rebuild_standby_by_a_physical_copy_under_a_writer(pair, zk_store, write
                                     opts=ropts(copy="physical", copy_position="not-a-gtid"))
         # 2: the copy, new -> old, while the writer writes to new
         n_before = len(w.acked)
-        incoming = str(Path(str(old.datadir) + ".incoming"))
-        sent, got = stream(new, incoming)
-        assert sent is not None and isinstance(got, physical.Received), got
-        physical.prepare(incoming)
-        pos = physical.position(incoming)
-        physical.install(incoming, str(old.datadir), stop=old.stop, start=old.start)
-        assert not Path(incoming).exists()
+        pos = copy_into(old, new)
         # 3: the same rebuild, with the copy's position, finishes it
         rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair),
                                      opts=ropts(copy="physical", copy_position=pos,
@@ -295,12 +308,7 @@ def test_a_node_left_unstartable_by_a_killed_install_gets_a_new_copy(pair, zk_st
     reads first) says a new copy replaces its data directory (the playbook then leaves the
     node out of the mysql role), and the first call names that copy instead of refusing
     'does not answer: start it'; the copy and the second call finish the rebuild."""
-    master, standby = roles(pair)
-    master.kill()
-    res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
-    assert res.changed and res.new_master == standby.address
-    master.start()
-    old, new = master, standby
+    old, new = emergency(pair, zk_store)
     o = ropts(copy="physical")
     first = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
     assert first.copy["target"] == old.address, first.to_dict()
@@ -317,12 +325,7 @@ def test_a_node_left_unstartable_by_a_killed_install_gets_a_new_copy(pair, zk_st
         again = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=o)
         assert again.copy["target"] == old.address and again.copy["source"] == new.address
         assert any(promote.RECOPY in w for w in again.warnings), again.to_dict()
-        incoming = str(Path(str(old.datadir) + ".incoming"))
-        sent, got = stream(new, incoming)
-        assert isinstance(got, physical.Received), got
-        physical.prepare(incoming)
-        pos = physical.position(incoming)
-        physical.install(incoming, str(old.datadir), stop=old.stop, start=old.start)
+        pos = copy_into(old, new)
         rr = promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts(
             copy="physical", copy_position=pos, copy_id=again.copy["copy_id"]))
         assert rr.changed and not rr.copy, rr.to_dict()
