@@ -1858,8 +1858,17 @@ class _Rebuild:
         if semisync_state(self.nconn)["replica_enabled"]:  # an emergency turned it off
             replication.set_semisync_master(self.mconn, True)
         replication.wait_for_gtid(self.nconn, replication.gtid_position(self.mconn),
-                                  self.opts.catchup_timeout)
+                                  self.opts.catchup_timeout, self._catching_up)
         self.run.step("replicating")
+
+    def _catching_up(self) -> None:
+        """Between the catch-up's waits: a node whose channel from the master stopped with
+        an error will not catch up; say why now, not after the whole timeout."""
+        ch = _channel(self.nconn) or {}
+        err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error") or ""
+        if err and "No" in (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")):
+            raise PromotionFailed(f"{self.node} stopped replicating from {self.master} while "
+                                  f"catching up: {err}")
 
     def _clear_mark(self) -> None:
         """One map write: the node the ranges' standby again, the mark removed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shardfleet import topology
@@ -58,19 +59,35 @@ def gtid_covers(have: str, want: str) -> bool:
     return all(d in h and h[d][1] >= n for d, (_, n) in parse_gtids(want).items())
 
 
-def wait_for_gtid(conn: Any, position: str, timeout: float) -> None:
-    """Block until the server has applied *position* (bounded); ReplicationTimeout otherwise."""
+#: The longest single wait :func:`wait_for_gtid` asks a server for. A catch-up may take
+#: minutes (a rebuilt node applying what its master took during the copy), longer than an
+#: admin connection's read timeout: one long ``MASTER_GTID_WAIT`` outlived it and ended as
+#: a bare "lost connection (timed out)" with the server still catching up.
+WAIT_SLICE = 1.0
+
+
+def wait_for_gtid(conn: Any, position: str, timeout: float,
+                  check: Callable[[], None] | None = None) -> None:
+    """Block until the server has applied *position* (bounded by *timeout*);
+    ReplicationTimeout otherwise. The server is asked in waits of at most
+    :data:`WAIT_SLICE` seconds, so any connection read timeout above that holds; *check*,
+    called between them, may raise to end the wait early (e.g. the channel stopped with
+    an error: waiting longer cannot help)."""
     if not position:
         return
-    d = topology.server_dialect(conn)
-    if d.is_mariadb:
-        res = topology.scalar(conn, "SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout))
-    else:
-        res = topology.scalar(conn, "SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, %s)",
-                              (position, timeout))
-    if res is None or int(res) != 0:
-        raise ReplicationTimeout(f"server did not apply GTID {position} within {timeout}s "
-                                 f"(it is at {gtid_applied(conn)})")
+    sql = ("SELECT MASTER_GTID_WAIT(%s, %s)" if topology.server_dialect(conn).is_mariadb
+           else "SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, %s)")
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        res = topology.scalar(conn, sql, (position, max(0.0, min(WAIT_SLICE, left))))
+        if res is not None and int(res) == 0:
+            return
+        if left <= WAIT_SLICE:
+            raise ReplicationTimeout(f"server did not apply GTID {position} within "
+                                     f"{timeout}s (it is at {gtid_applied(conn)})")
+        if check is not None:
+            check()
 
 
 #: Seconds between the heartbeats an idle master sends each replica (MariaDB's default is

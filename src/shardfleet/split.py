@@ -525,27 +525,22 @@ class Split:
                 self._exec(tgt, replication.slave_sql("START", other))
 
     def _wait_applied(self, pos: str, timeout: float, what: str) -> None:
-        """Wait (bounded) until the target applied *pos*, one second at a time: a split
-        channel that stopped with an error fails the wait at once, naming the error (one
-        long MASTER_GTID_WAIT outlived the connection's read timeout and ended as a bare
-        'lost connection')."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                replication.wait_for_gtid(self.conn(self.spec.target), pos,
-                                          max(0.01, min(1.0, left)))
-                return
-            except replication.ReplicationTimeout as exc:
-                ch = self._channel(self.spec.target) or {}
-                err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error") or ""
-                stopped = "No" in (ch.get("Slave_SQL_Running"), ch.get("Slave_IO_Running"))
-                if ch and stopped and err:
-                    raise SplitError(f"target did not {what}: the split's replication from "
-                                     f"{self.spec.source} stopped: {err}") from None
-                if left <= 1.0:
-                    raise SplitError(f"target did not {what}: {exc}"
-                                     f"{'; replication error: ' + err if err else ''}") from None
+        """Wait (bounded) until the target applied *pos*: a split channel that stopped
+        with an error fails the wait at once, naming the error."""
+        def stopped() -> None:
+            ch = self._channel(self.spec.target) or {}
+            err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error") or ""
+            if ch and err and "No" in (ch.get("Slave_SQL_Running"), ch.get("Slave_IO_Running")):
+                raise SplitError(f"target did not {what}: the split's replication from "
+                                 f"{self.spec.source} stopped: {err}")
+
+        try:
+            replication.wait_for_gtid(self.conn(self.spec.target), pos, timeout, stopped)
+        except replication.ReplicationTimeout as exc:
+            ch = self._channel(self.spec.target) or {}
+            err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error") or ""
+            raise SplitError(f"target did not {what}: {exc}"
+                             f"{'; replication error: ' + err if err else ''}") from None
 
     def _remove_channel(self) -> bool:
         if self._channel(self.spec.target) is None:

@@ -411,6 +411,37 @@ def test_pair_is_whole_again_after_rebuild(pair, zk_store, writer_store):
             conn.close()
 
 
+def test_a_catch_up_longer_than_the_connections_read_timeout_is_waited_for(pair):
+    """A standby that needs longer to catch up than its admin connection's read timeout
+    (a rebuilt node applying what the master took during the copy): the wait ends when it
+    applied the position, not as 'lost connection (timed out)' after the read timeout
+    (the e2e physical rebuild under a writer failed so, with 30 s)."""
+    master, standby = roles(pair)
+    standby.sql("STOP SLAVE SQL_THREAD")
+    try:
+        master.sql("INSERT INTO db00001.pins (body) VALUES ('{}')")
+        pos = master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+        starter = threading.Timer(3.0, standby.sql, ("START SLAVE SQL_THREAD",))
+        starter.start()
+        conn = standby.connect(read_timeout=1)
+        try:
+            t0 = time.monotonic()
+            replication.wait_for_gtid(conn, pos, 60)
+            assert time.monotonic() - t0 >= 2.0
+            # and the wait still ends at its own bound, with its own error
+            standby.sql("STOP SLAVE SQL_THREAD")
+            master.sql("INSERT INTO db00001.pins (body) VALUES ('{}')")
+            pos = master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+            with pytest.raises(replication.ReplicationTimeout, match="within 2.5s"):
+                replication.wait_for_gtid(conn, pos, 2.5)
+        finally:
+            starter.cancel()
+            conn.close()
+    finally:
+        standby.sql("START SLAVE SQL_THREAD")
+    wait_applied(standby, master)
+
+
 def test_emergency_refused_when_standby_dead(pair, zk_store):
     master, standby = roles(pair)
     bogus = [master.address, "127.0.0.1:1"]
