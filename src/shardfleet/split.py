@@ -120,13 +120,15 @@ class Split:
     * ``lock_timeout`` (5 s) — waiting for the pairs' operation locks (LockBusy after).
     * ``tls`` (None: off) — client TLS options of the admin connections
       (:mod:`shardfleet.tls`).
+    * ``clone_parallel`` (2) — connections the clone copies over, all in one snapshot
+      (``docs/runbooks/split.md`` says how the default was chosen).
     """
 
     def __init__(self, store: ZooKeeperMapStore, spec: SplitSpec, creds: Credentials, *,
                  schema: Schema | None = None, catchup_timeout: float = 600.0,
                  cutover_timeout: float = 5.0, drain_timeout: float = 2.0,
                  lock_timeout: float = 5.0, connect_timeout: float = 10.0,
-                 tls: TLS | None = None) -> None:
+                 tls: TLS | None = None, clone_parallel: int = 2) -> None:
         if spec.source == spec.target:
             raise SplitError(f"source and target are the same server {spec.source}")
         self.store = store
@@ -139,12 +141,15 @@ class Split:
         self.lock_timeout = lock_timeout
         self.connect_timeout = connect_timeout
         self.tls = tls
+        self.clone_parallel = max(1, int(clone_parallel))
         self._conns: dict[str, Any] = {}
         self.moving: tuple[int, int] = (0, 0)
         self.original: ShardRange | None = None
         self.journal: Journal | None = None
-        # hooks for tests: called with the step name after a step finished
+        # hooks for tests: called with the step name after a step finished, and (on the
+        # clone's worker threads) with each database the clone finished
         self.after_step: Callable[[str], None] | None = None
+        self.after_clone_db: Callable[[str], None] | None = None
 
     # -- plumbing ----------------------------------------------------------
     def conn(self, server: str) -> Any:
@@ -395,6 +400,15 @@ class Split:
 
     # -- clone ---------------------------------------------------------------
     def clone(self) -> StepResult:
+        """Copy the moving databases, resumable database by database.
+
+        Every database copied is recorded in the journal (``clone_done``) with the GTID
+        position its copy is consistent with (``clone_base``), progress as it goes
+        (``clone_progress``: databases and rows done of the estimate, rate, ETA). A rerun
+        after a kill keeps the finished databases: it drops only the partial ones, takes
+        a new snapshot, brings the finished ones to that snapshot's position through the
+        split's channel (``START SLAVE ... UNTIL``; the channel's own position is the
+        truth once it exists) and copies the rest from the snapshot."""
         t0 = time.monotonic()
         data = self.journal.data if self.journal else None
         if self.progress(data) >= PROGRESS["clone"]:
@@ -402,62 +416,212 @@ class Split:
                               f"already cloned at GTID {data and data.get('clone_gtid')}")
         if self.progress(data) < 0:
             self._record("started")
+        data = self.journal.data if self.journal else None
         tgt, src = self.spec.target, self.spec.source
-        dropped = sorted(self._shard_dbs(tgt) & set(self.databases))
-        if dropped:  # a partial copy of this split's earlier attempt: start over
-            provision.apply_drop(self.conn(tgt), dropped)
-        provision.ensure_shards(self.conn(tgt), self.shards, self.schema, app_user=None)
-        gtid, tables, rows = self._copy(src, tgt)
+        kept = [d for d in (data or {}).get("clone_done", []) if d in set(self.databases)]
+        base = str((data or {}).get("clone_base") or "")
+        if not base:
+            kept = []
+        partial = sorted((self._shard_dbs(tgt) & set(self.databases)) - set(kept))
+        if partial:  # copies this split's earlier attempt did not finish: start them over
+            provision.apply_drop(self.conn(tgt), partial)
+        todo_dbs = [d for d in self.databases if d not in set(kept)]
+        provision.ensure_shards(self.conn(tgt), [s for s in self.shards
+                                                 if shard_database(s) in set(todo_dbs)],
+                                self.schema, app_user=None)
+        snaps, gtid = self._snapshots(src, self.clone_parallel)
+        try:
+            if kept:
+                self._advance(kept, base, gtid)
+            self._note(clone_base=gtid, clone_done=kept)
+            tables, rows = self._copy(snaps, tgt, todo_dbs, kept, gtid)
+        finally:
+            for c in snaps:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
         res = self._record("clone", clone_gtid=gtid, clone_tables=tables, clone_rows=rows,
-                           clone_seconds=round(time.monotonic() - t0, 3))
+                           clone_kept=len(kept), clone_seconds=round(time.monotonic() - t0, 3))
+        kept_note = f"; {len(kept)} kept from an earlier attempt" if kept else ""
         return StepResult("clone", True, f"copied {rows} row(s) in {tables} non-empty table(s) "
-                          f"of {len(self.shards)} shard(s) at GTID {gtid}",
+                          f"of {len(todo_dbs)} shard(s) at GTID {gtid}{kept_note}",
                           time.monotonic() - t0, {"clone_gtid": res["clone_gtid"],
                                                   "rows": rows})
 
-    def _copy(self, src: str, tgt: str, batch: int = 1000) -> tuple[str, int, int]:
-        """Copy every row of the moving databases from one consistent snapshot of *src*."""
+    def _snapshots(self, src: str, n: int) -> tuple[list[Any], str]:
+        """*n* connections to *src* in one consistent snapshot, and its GTID position.
+        More than one are started while commits are blocked (``BACKUP STAGE
+        BLOCK_COMMIT``, held for the moments the snapshots take to start; writes wait,
+        none fails), and checked to be at one binlog position."""
+        conns = [topology.connect(src, self.creds.admin_user, self.creds.admin_password,
+                                  timeout=self.connect_timeout, tls=self.tls)
+                 for _ in range(max(1, n))]
+        try:
+            gate = self.conn(src) if len(conns) > 1 else None
+            if gate is not None:
+                with gate.cursor() as c:
+                    c.execute("SET SESSION lock_wait_timeout = %s", (int(self.lock_timeout) + 5,))
+                    c.execute("BACKUP STAGE START")
+                    c.execute("BACKUP STAGE BLOCK_COMMIT")
+            seen: set[tuple[str, int]] = set()
+            try:
+                for conn in conns:
+                    with conn.cursor() as cur:
+                        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                        st = {k.lower(): v for k, v in cur.fetchall()}
+                    seen.add((str(st["binlog_snapshot_file"]),
+                              int(st["binlog_snapshot_position"])))
+            finally:
+                if gate is not None:
+                    with gate.cursor() as c:
+                        c.execute("BACKUP STAGE END")
+            if len(seen) != 1:
+                raise SplitError(f"the clone's {len(conns)} snapshots of {src} are at "
+                                 f"different binlog positions ({sorted(seen)}); nothing was "
+                                 "copied, run the split again")
+            (file, pos), = seen
+            with conns[0].cursor() as cur:
+                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
+                gtid = str(cur.fetchone()[0] or "")
+            return conns, gtid
+        except BaseException:
+            for c in conns:
+                c.close()
+            raise
+
+    def _advance(self, kept: list[str], base: str, until: str) -> None:
+        """Bring the databases an earlier attempt copied (consistent at *base*) to the new
+        snapshot's position *until*: the split's channel applies them alone up to it and
+        stops there. The channel, once created, keeps its own position (a rerun killed in
+        here continues from it, never from *base* again)."""
+        tgt, name = self.spec.target, self.connection_name
+        if self._channel(tgt) is None:
+            self._create_channel(base, databases=kept, start=False)
+        else:
+            self._exec(tgt, replication.slave_sql("STOP", name))
+            self._exec(tgt, f"SET GLOBAL `{name}`.replicate_do_db = %s", (",".join(kept),))
+        self._exec(tgt, replication.slave_sql("START", name) + " UNTIL master_gtid_pos = %s",
+                   (until,))
+        self._wait_applied(until, self.catchup_timeout, "bring the databases copied earlier "
+                           "to the new snapshot")
+
+    def _copy(self, snaps: list[Any], tgt: str, dbs: list[str], kept: list[str],
+              gtid: str, batch: int = 1000) -> tuple[int, int]:
+        """Copy every row of *dbs* from the snapshot connections *snaps* (one worker each,
+        a database at a time), recording each finished database and the progress in the
+        journal (every couple of seconds)."""
+        import queue
+        import threading
+
         import pymysql.cursors
 
-        snap = topology.connect(src, self.creds.admin_user, self.creds.admin_password,
-                                timeout=self.connect_timeout, tls=self.tls)
+        estimate = self._estimate(snaps[0], dbs)
+        work: queue.SimpleQueue[str] = queue.SimpleQueue()
+        for db in dbs:
+            work.put(db)
+        done = list(kept)
+        lock = threading.Lock()
+        stop = threading.Event()
+        failures: list[BaseException] = []
+        totals = {"tables": 0, "rows": 0}
+        tables = self.schema.tables
+
+        def worker(snap: Any) -> None:
+            out = topology.connect(tgt, self.creds.admin_user, self.creds.admin_password,
+                                   timeout=self.connect_timeout, tls=self.tls)
+            try:
+                while not stop.is_set():
+                    try:
+                        db = work.get_nowait()
+                    except queue.Empty:
+                        return
+                    ntab = 0
+                    for t in tables:
+                        nrows = 0
+                        with snap.cursor(pymysql.cursors.SSCursor) as rd:
+                            rd.execute(f"SELECT * FROM `{db}`.`{t}`")
+                            cols = ", ".join(f"`{d[0]}`" for d in rd.description)
+                            marks = ", ".join(["%s"] * len(rd.description))
+                            sql = f"INSERT INTO `{db}`.`{t}` ({cols}) VALUES ({marks})"
+                            while not stop.is_set():
+                                chunk = rd.fetchmany(batch)
+                                if not chunk:
+                                    break
+                                ntab += nrows == 0
+                                with out.cursor() as wr:
+                                    wr.executemany(sql, chunk)
+                                nrows += len(chunk)
+                                with lock:
+                                    totals["rows"] += len(chunk)
+                        if stop.is_set():
+                            return
+                    with lock:
+                        done.append(db)
+                        totals["tables"] += ntab
+                    if self.after_clone_db is not None:
+                        self.after_clone_db(db)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                failures.append(exc)
+                stop.set()
+            finally:
+                out.close()
+
+        threads = [threading.Thread(target=worker, args=(c,), daemon=True,
+                                    name=f"split-clone-{i}") for i, c in enumerate(snaps)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
         try:
-            with snap.cursor() as cur:
-                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                st = {k.lower(): v for k, v in cur.fetchall()}
-                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)",
-                            (st["binlog_snapshot_file"], int(st["binlog_snapshot_position"])))
-                gtid = str(cur.fetchone()[0] or "")
-            tables = self.schema.tables
-            todo: list[tuple[str, str]] = []
-            dbs = self.databases
-            with snap.cursor() as cur:
-                for i in range(0, len(dbs), 40):
-                    sel = [f"(SELECT '{db}', '{t}' FROM `{db}`.`{t}` LIMIT 1)"
-                           for db in dbs[i:i + 40] for t in tables]
-                    cur.execute(" UNION ALL ".join(sel))
-                    todo += [(str(a), str(b)) for a, b in cur.fetchall()]
-            rows = 0
-            out = self.conn(tgt)
-            for db, t in todo:
-                with snap.cursor(pymysql.cursors.SSCursor) as rd:
-                    rd.execute(f"SELECT * FROM `{db}`.`{t}`")
-                    cols = ", ".join(f"`{d[0]}`" for d in rd.description)
-                    marks = ", ".join(["%s"] * len(rd.description))
-                    sql = f"INSERT INTO `{db}`.`{t}` ({cols}) VALUES ({marks})"
-                    while True:
-                        chunk = rd.fetchmany(batch)
-                        if not chunk:
-                            break
-                        with out.cursor() as wr:
-                            wr.executemany(sql, chunk)
-                        rows += len(chunk)
-            snap.commit()
-            return gtid, len(todo), rows
+            while alive := [t for t in threads if t.is_alive()]:
+                alive[0].join(timeout=2.0)
+                with lock:
+                    snapshot = (list(done), totals["rows"])
+                self._note_progress(snapshot[0], len(kept), dbs, snapshot[1], estimate,
+                                    time.monotonic() - t0)
         finally:
-            snap.close()
+            stop.set()
+            for t in threads:
+                t.join()
+            # what finished is kept by a rerun, whatever ended this one
+            self._note_progress(done, len(kept), dbs, totals["rows"], estimate,
+                                time.monotonic() - t0)
+        if failures:
+            raise failures[0]
+        for c in snaps:
+            c.commit()
+        return totals["tables"], totals["rows"]
+
+    @staticmethod
+    def _estimate(snap: Any, dbs: list[str]) -> dict[str, int]:
+        """InnoDB's row and byte estimates of *dbs* (for progress; never exact)."""
+        rows = size = 0
+        with snap.cursor() as cur:
+            for i in range(0, len(dbs), 200):
+                part = dbs[i:i + 200]
+                cur.execute("SELECT COALESCE(SUM(TABLE_ROWS), 0), COALESCE(SUM(DATA_LENGTH), 0) "
+                            "FROM information_schema.TABLES WHERE TABLE_SCHEMA IN "
+                            f"({', '.join(['%s'] * len(part))})", part)
+                r, b = cur.fetchone()
+                rows, size = rows + int(r), size + int(b)
+        return {"rows": rows, "bytes": size}
+
+    def _note_progress(self, done: list[str], kept: int, dbs: list[str], rows: int,
+                       estimate: dict[str, int], seconds: float) -> None:
+        """The clone's progress in the journal: what is finished (kept by a rerun) and
+        rows done of the estimate, rate, ETA."""
+        rate = rows / seconds if seconds > 0 else 0.0
+        left = max(0, estimate["rows"] - rows)
+        progress = {"databases_done": len(done), "databases": kept + len(dbs),
+                    "rows_done": rows, "rows_estimated": estimate["rows"],
+                    "bytes_estimated": estimate["bytes"], "rows_per_second": round(rate),
+                    "eta_seconds": round(left / rate) if rate > 0 else None,
+                    "seconds": round(seconds, 1)}
+        self._note(clone_done=done, clone_progress=progress)
+        log.info("clone %s: %d/%d databases, %d of ~%d rows, %.0f rows/s", self.name,
+                 len(done), kept + len(dbs), rows, estimate["rows"], rate)
 
     # -- replicate -----------------------------------------------------------
     def _channel(self, server: str) -> dict[str, Any] | None:
@@ -487,6 +651,11 @@ class Split:
             if ch.get("Last_SQL_Errno"):
                 raise SplitError(f"the split's replication on {tgt} stopped with an error: "
                                  f"{err}; abort the split (step abort) and run it again")
+            # stopped without an error: by the clone's UNTIL (applying the databases an
+            # earlier attempt copied), or by hand; it applies every moving database now
+            self._exec(tgt, replication.slave_sql("STOP", self.connection_name))
+            self._exec(tgt, f"SET GLOBAL `{self.connection_name}`.replicate_do_db = %s",
+                       (",".join(self.databases),))
             self._exec(tgt, replication.slave_sql("START", self.connection_name))
             changed = True
         pos = replication.gtid_position(self.conn(self.spec.source))
@@ -499,7 +668,11 @@ class Split:
                           f"{self.spec.source} and has applied {pos}", lag,
                           {"replicate_gtid": pos})
 
-    def _create_channel(self, clone_gtid: str) -> None:
+    def _create_channel(self, clone_gtid: str, *, databases: Sequence[str] | None = None,
+                        start: bool = True) -> None:
+        """The split's channel on the target from *clone_gtid*, applying *databases* (all
+        the moving ones by default); started unless *start* is false (the target's other
+        channels are started again either way)."""
         tgt, name = self.spec.target, self.connection_name
         c = self.conn(tgt)
         running = [r["Connection_name"] for r in topology.dict_rows(c, "SHOW ALL SLAVES STATUS")
@@ -517,10 +690,10 @@ class Split:
                        (host.strip("[]"), int(port), self.creds.repl_user,
                         self.creds.repl_password, 2, replication.HEARTBEAT_PERIOD))
             self._exec(tgt, f"SET GLOBAL `{name}`.replicate_do_db = %s",
-                       (",".join(self.databases),))
+                       (",".join(self.databases if databases is None else databases),))
         finally:
             for other in running + [name]:
-                if other == name and self._channel(tgt) is None:
+                if other == name and (not start or self._channel(tgt) is None):
                     continue
                 self._exec(tgt, replication.slave_sql("START", other))
 

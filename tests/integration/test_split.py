@@ -148,6 +148,53 @@ def test_resume_after_failure_at_a_step_boundary(fleet, tmp_path, fail_after):
     verify(fleet, log, MOVING, source_copy=fail_after != "cutover")  # cleanup dropped it
 
 
+def test_a_clone_killed_halfway_keeps_the_finished_databases_and_its_rerun_loses_nothing(
+        fleet, tmp_path):
+    """The clone dies after some databases are copied, under a writer: the rerun keeps them
+    (brought to its new snapshot through the split's channel, START SLAVE UNTIL), copies
+    the rest, and the split ends with every acknowledged write on the target and its
+    standby; the journal showed the progress."""
+    class Boom(Exception):
+        pass
+
+    seen: dict[str, object] = {}
+
+    def first_run():
+        with fleet.split(clone_parallel=2) as sp:
+            finished: list[str] = []
+
+            def hook(db: str) -> None:
+                finished.append(db)
+                if len(finished) == 6:
+                    raise Boom(db)
+            sp.after_clone_db = hook
+            with pytest.raises(Boom):
+                sp.run("all")
+            seen["journal"] = dict(sp.journal.data)
+
+    def second_run():
+        time.sleep(1.0)  # writes to the kept databases the rerun's channel must bring
+        with fleet.split() as sp:
+            seen["results"] = sp.run("all")
+
+    log = run_split_under_writer(fleet, tmp_path, [first_run, second_run])
+    journal = seen["journal"]
+    assert journal["step"] == "started" and len(journal["clone_done"]) >= 6, journal
+    progress = journal["clone_progress"]
+    assert progress["databases"] == 16 and progress["databases_done"] >= 6, progress
+    assert {"rows_done", "rows_estimated", "rows_per_second", "eta_seconds"} <= set(progress)
+    clone = {r.step: r for r in seen["results"]}["clone"]
+    assert clone.changed and "kept from an earlier attempt" in clone.msg, clone.to_dict()
+    assert fleet.map().range_for(MOVING[0]).master == fleet.target.address
+    assert not [e for e in log.errors if MOVING[0] <= e[0] <= MOVING[1]]
+    wait_pair_synced(fleet.target, fleet.standby)
+    verify(fleet, log, MOVING)
+    shards = list(range(MOVING[0], MOVING[1] + 1))
+    assert rows(fleet.standby, shards) == rows(fleet.target, shards), "the target's standby differs"
+    assert all(r[0] == "" for r in fleet.target.sql("SHOW ALL SLAVES STATUS")), \
+        "the split's replication connection is still there"
+
+
 def test_resume_after_a_crash_between_the_flip_and_the_journal(fleet):
     """A run dies right after it wrote the flipped map, before it removed the split's
     replication and journaled the cutover; the rerun sees the flip and finishes."""
