@@ -424,12 +424,23 @@ def cmd_ops_list(args: argparse.Namespace) -> int:
 
     for name, d in found.items():
         age = time.time() - float(d.get("updated_at") or d.get("started_at") or 0)
-        rows.append((name, str(d.get("kind") or d.get("mode") or "?"), str(d.get("step")),
+        rows.append((name, str(d.get("kind") or d.get("mode") or "?"), _step_text(d),
                      "yes" if name in flight else "no", f"{age:.0f} s ago"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return 0
+
+
+def _step_text(d: dict[str, Any]) -> str:
+    """A journal's last step, with the clone's progress while a split clones."""
+    step, p = str(d.get("step")), d.get("clone_progress")
+    if step != "started" or not isinstance(p, dict):
+        return step
+    eta = p.get("eta_seconds")
+    return (f"{step} (clone: {p.get('databases_done')}/{p.get('databases')} databases, "
+            f"{p.get('rows_done')} of ~{p.get('rows_estimated')} rows, "
+            f"{p.get('rows_per_second')} rows/s, ETA {'?' if eta is None else eta} s)")
 
 
 def cmd_ops_show(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ boundary, refusals that change nothing, abort, and a cutover timeout that undoes
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -149,15 +150,17 @@ def test_resume_after_failure_at_a_step_boundary(fleet, tmp_path, fail_after):
 
 
 def test_a_clone_killed_halfway_keeps_the_finished_databases_and_its_rerun_loses_nothing(
-        fleet, tmp_path):
+        fleet, tmp_path, capsys):
     """The clone dies after some databases are copied, under a writer: the rerun keeps them
     (brought to its new snapshot through the split's channel, START SLAVE UNTIL), copies
     the rest, and the split ends with every acknowledged write on the target and its
     standby; the journal showed the progress."""
+    from shardfleet import cli
+
     class Boom(Exception):
         pass
 
-    seen: dict[str, object] = {}
+    seen: dict[str, Any] = {}
 
     def first_run():
         with fleet.split(clone_parallel=2) as sp:
@@ -171,6 +174,9 @@ def test_a_clone_killed_halfway_keeps_the_finished_databases_and_its_rerun_loses
             with pytest.raises(Boom):
                 sp.run("all")
             seen["journal"] = dict(sp.journal.data)
+        assert cli.main(["ops", "list", "--zk", fleet.zk_address, "--cluster",
+                         fleet.cluster]) == 0
+        seen["ops list"] = capsys.readouterr().out
 
     def second_run():
         time.sleep(1.0)  # writes to the kept databases the rerun's channel must bring
@@ -183,6 +189,8 @@ def test_a_clone_killed_halfway_keeps_the_finished_databases_and_its_rerun_loses
     progress = journal["clone_progress"]
     assert progress["databases"] == 16 and progress["databases_done"] >= 6, progress
     assert {"rows_done", "rows_estimated", "rows_per_second", "eta_seconds"} <= set(progress)
+    assert f"started (clone: {progress['databases_done']}/16 databases" in seen["ops list"], \
+        seen["ops list"]
     clone = {r.step: r for r in seen["results"]}["clone"]
     assert clone.changed and "kept from an earlier attempt" in clone.msg, clone.to_dict()
     assert fleet.map().range_for(MOVING[0]).master == fleet.target.address

@@ -110,8 +110,9 @@ class SplitFleet:
         return Credentials("root", MariaDBServer.root_password, REPL_USER, REPL_PASSWORD,
                            APP_USER, "%")
 
-    def reset(self) -> None:
-        """Empty target pair, the source's shards present and empty, a fresh map in ZooKeeper."""
+    def reset(self, *, source: bool = True) -> None:
+        """Empty target pair, the source's shards present and empty (kept as they are
+        when not *source*: a benchmark's data), a fresh map in ZooKeeper."""
         t = self.target.connect(client_flag=provision.multi_statement_flags())
         try:
             with t.cursor() as cur:
@@ -127,6 +128,22 @@ class SplitFleet:
             t.close()
         for s in (self.target, self.standby):
             _sql(s, "SET GLOBAL read_only = ON")
+        if source:
+            self._reset_source()
+        wait_pair_synced(self.target, self.standby)
+        self.cluster = "split" + uuid.uuid4().hex[:8]
+        if self.store is not None:
+            self.store.close()
+        self.store = ZooKeeperMapStore(self.zk_address, self.cluster)
+        self.store.write(ShardMap.from_ranges([
+            {"range": list(SOURCE_RANGE), "master": self.source.address, "standby": None,
+             "state": "open"},
+            {"range": [32, 47], "master": "10.255.255.1:3306", "standby": None,
+             "state": "open"},
+        ], mod_shard_count=32), NO_NODE)
+
+    def _reset_source(self) -> None:
+        """The source's shards present and empty."""
         shards = list(range(SOURCE_RANGE[0], SOURCE_RANGE[1] + 1))
         s = self.source.connect(client_flag=provision.multi_statement_flags())
         try:
@@ -147,17 +164,6 @@ class SplitFleet:
             provision.ensure_shards(s, shards, default_schema(), app_user=APP_USER)
         finally:
             s.close()
-        wait_pair_synced(self.target, self.standby)
-        self.cluster = "split" + uuid.uuid4().hex[:8]
-        if self.store is not None:
-            self.store.close()
-        self.store = ZooKeeperMapStore(self.zk_address, self.cluster)
-        self.store.write(ShardMap.from_ranges([
-            {"range": list(SOURCE_RANGE), "master": self.source.address, "standby": None,
-             "state": "open"},
-            {"range": [32, 47], "master": "10.255.255.1:3306", "standby": None,
-             "state": "open"},
-        ], mod_shard_count=32), NO_NODE)
 
     def split(self, moving: tuple[int, int] | None = None, target: str | None = None,
               **kw: Any) -> Split:
