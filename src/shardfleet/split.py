@@ -508,6 +508,9 @@ class Split:
                    (until,))
         self._wait_applied(until, self.catchup_timeout, "bring the databases copied earlier "
                            "to the new snapshot")
+        # UNTIL keeps it from applying more, but its threads stop only once an event past
+        # the position arrives (a quiet source: never): stop it here, at the position
+        self._exec(tgt, replication.slave_sql("STOP", name))
 
     def _copy(self, snaps: list[Any], tgt: str, dbs: list[str], kept: list[str],
               gtid: str, batch: int = 1000) -> tuple[int, int]:
@@ -647,13 +650,15 @@ class Split:
         if ch is None:
             self._create_channel(str(data["clone_gtid"]))
             changed = True
-        elif ch.get("Slave_SQL_Running") != "Yes" or ch.get("Slave_IO_Running") != "Yes":
+        elif (ch.get("Slave_SQL_Running") != "Yes" or ch.get("Slave_IO_Running") != "Yes"
+              or set(str(ch.get("Replicate_Do_DB") or "").split(",")) != set(self.databases)
+              or str(ch.get("Until_Condition") or "None") != "None"):
             err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error")
             if ch.get("Last_SQL_Errno"):
                 raise SplitError(f"the split's replication on {tgt} stopped with an error: "
                                  f"{err}; abort the split (step abort) and run it again")
-            # stopped without an error: by the clone's UNTIL (applying the databases an
-            # earlier attempt copied), or by hand; it applies every moving database now
+            # stopped without an error, or left by the clone applying only the databases
+            # an earlier attempt copied (UNTIL the new snapshot): every moving database now
             self._exec(tgt, replication.slave_sql("STOP", self.connection_name))
             self._exec(tgt, f"SET GLOBAL `{self.connection_name}`.replicate_do_db = %s",
                        (",".join(self.databases),))

@@ -511,10 +511,12 @@ def test_refuses_a_fence_that_covers_nothing(fleet):
     assert fleet.target.sql("SHOW DATABASES LIKE 'db%'") == []
 
 
-def test_the_target_pair_replicates_both_ways_after_a_split_with_semi_sync(fleet):
+@pytest.mark.parametrize("clone_killed", [False, True])
+def test_the_target_pair_replicates_both_ways_after_a_split_with_semi_sync(fleet, clone_killed):
     """With semi-synchronous replication on (as the mysql role configures it), removing
     the split's connection on the target master must not break the target's replication
-    from its own standby; the cutover checks the target pair itself."""
+    from its own standby; the cutover checks the target pair itself. Also when a killed
+    clone's rerun ran the split's connection UNTIL the new snapshot (it stops by itself)."""
     servers = (fleet.source, fleet.target, fleet.standby)
     for s in servers:
         s.sql("SET GLOBAL rpl_semi_sync_master_enabled = ON")
@@ -524,8 +526,18 @@ def test_the_target_pair_replicates_both_ways_after_a_split_with_semi_sync(fleet
         for s in (fleet.target, fleet.standby):
             s.sql("STOP ALL SLAVES")
             s.sql("START ALL SLAVES")
+        if clone_killed:
+            with fleet.split() as sp:
+                def hook(db: str) -> None:
+                    if db == "db00020":
+                        raise RuntimeError("killed")
+                sp.after_clone_db = hook
+                with pytest.raises(RuntimeError, match="killed"):
+                    sp.run("all")
+            fleet.source.sql("INSERT INTO db00017.pins (body) VALUES ('{}')")
         with fleet.split() as sp:
-            sp.run("all")
+            res = {r.step: r for r in sp.run("all")}
+        assert ("kept from an earlier attempt" in res["clone"].msg) == clone_killed
         # a write on the target's standby (as after a promotion) must reach the target
         fleet.standby.sql("SET GLOBAL read_only = OFF")
         fleet.standby.sql("CREATE DATABASE sf_probe")
