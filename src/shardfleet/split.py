@@ -600,14 +600,17 @@ class Split:
 
     @staticmethod
     def _estimate(snap: Any, dbs: list[str]) -> dict[str, int]:
-        """InnoDB's row and byte estimates of *dbs* (for progress; never exact)."""
+        """InnoDB's persistent statistics of *dbs*: rows and bytes (for progress; never
+        exact). ``mysql.innodb_table_stats`` is a plain table: information_schema.TABLES
+        would open every table of a 2,048-shard server to answer."""
         rows = size = 0
         with snap.cursor() as cur:
-            for i in range(0, len(dbs), 200):
-                part = dbs[i:i + 200]
-                cur.execute("SELECT COALESCE(SUM(TABLE_ROWS), 0), COALESCE(SUM(DATA_LENGTH), 0) "
-                            "FROM information_schema.TABLES WHERE TABLE_SCHEMA IN "
-                            f"({', '.join(['%s'] * len(part))})", part)
+            for i in range(0, len(dbs), 500):
+                part = dbs[i:i + 500]
+                cur.execute("SELECT COALESCE(SUM(n_rows), 0), COALESCE(SUM("
+                            "clustered_index_size + sum_of_other_index_sizes), 0) * "
+                            "@@innodb_page_size FROM mysql.innodb_table_stats WHERE "
+                            f"database_name IN ({', '.join(['%s'] * len(part))})", part)
                 r, b = cur.fetchone()
                 rows, size = rows + int(r), size + int(b)
         return {"rows": rows, "bytes": size}
