@@ -419,11 +419,13 @@ class Split:
             self._record("started")
         data = self.journal.data if self.journal else None
         tgt, src = self.spec.target, self.spec.source
-        kept = [d for d in (data or {}).get("clone_done", []) if d in set(self.databases)]
+        there = self._shard_dbs(tgt)
+        kept = [d for d in (data or {}).get("clone_done", [])
+                if d in set(self.databases) and d in there]
         base = str((data or {}).get("clone_base") or "")
         if not base:
             kept = []
-        partial = sorted((self._shard_dbs(tgt) & set(self.databases)) - set(kept))
+        partial = sorted((there & set(self.databases)) - set(kept))
         if partial:  # copies this split's earlier attempt did not finish: start them over
             provision.apply_drop(self.conn(tgt), partial)
         todo_dbs = [d for d in self.databases if d not in set(kept)]
