@@ -62,8 +62,9 @@ def gtid_covers(have: str, want: str) -> bool:
 #: The longest single wait :func:`wait_for_gtid` asks a server for. A catch-up may take
 #: minutes (a rebuilt node applying what its master took during the copy), longer than an
 #: admin connection's read timeout: one long ``MASTER_GTID_WAIT`` outlived it and ended as
-#: a bare "lost connection (timed out)" with the server still catching up.
-WAIT_SLICE = 1.0
+#: a bare "lost connection (timed out)" with the server still catching up. Half a second
+#: leaves a reply time on connections with read timeouts of a second or two (the probes).
+WAIT_SLICE = 0.5
 
 
 def wait_for_gtid(conn: Any, position: str, timeout: float,

@@ -115,7 +115,7 @@ def run_writer(store: Store, ops: int, history: History | None = None,
     if tag is not None:
         w.log.tag = tag
     w.start()
-    assert w.wait_acks(ops, 30), w.errors
+    assert w.wait_acks(ops, 30, total=True), w.errors
     w.stop()
     assert not w.errors
     return w

@@ -267,10 +267,11 @@ class Writer:
         with self._lock:
             return [e for _, e in self.log.errors]
 
-    def wait_acks(self, n: int, timeout: float = 30.0) -> bool:
-        """Wait (bounded) for *n* more acknowledged writes."""
+    def wait_acks(self, n: int, timeout: float = 30.0, *, total: bool = False) -> bool:
+        """Wait (bounded) for *n* more acknowledged writes (*total*: *n* since the writer
+        started, for a writer of a few writes that may all be done before the call)."""
         deadline = time.monotonic() + timeout
-        start = len(self.ack_times)
+        start = 0 if total else len(self.ack_times)
         while len(self.ack_times) < start + n:
             if time.monotonic() > deadline:
                 return False

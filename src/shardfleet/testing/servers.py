@@ -127,6 +127,12 @@ class MariaDBServer(_Process):
         argv = [shutil.which("mariadbd") or "/usr/sbin/mariadbd", "--no-defaults",
                 f"--datadir={self.datadir}", f"--socket={self.socket}", f"--port={self.port}",
                 f"--bind-address={HOST}", f"--pid-file={self.dir / 'mysqld.pid'}",
+                # a tmpdir of its own: a starting mariadbd deletes every '#sql*' file in
+                # its tmpdir, and with a shared /tmp a server restarted by one test (the
+                # fault campaign restarts them all the time) deleted the temporary
+                # tables of another test's server mid-statement ("Error on delete of
+                # '/tmp/#sql-temptable-….MAI'")
+                f"--tmpdir={self.dir / 'tmp'}",
                 f"--server-id={self.server_id}", f"--gtid-domain-id={self.server_id}",
                 "--log-bin=binlog", "--binlog-format=ROW", "--log-slave-updates",
                 "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M",
@@ -214,6 +220,7 @@ class MariaDBServer(_Process):
             # started by another handle (another process): wait until it listens
             _wait_port(self.port, _Alive(self._pid), timeout, self.name, self.log)
             return self
+        (self.dir / "tmp").mkdir(parents=True, exist_ok=True)
         fresh = not self.datadir.exists()
         if fresh:
             self.datadir.mkdir(parents=True)
