@@ -506,8 +506,7 @@ class Split:
         else:
             self._exec(tgt, replication.slave_sql("STOP", name))
             self._exec(tgt, f"SET GLOBAL `{name}`.replicate_do_db = %s", (",".join(kept),))
-        self._exec(tgt, replication.slave_sql("START", name) + " UNTIL master_gtid_pos = %s",
-                   (until,))
+        self._start_channel(name, until=until)
         self._wait_applied(until, self.catchup_timeout, "bring the databases copied earlier "
                            "to the new snapshot")
         # UNTIL keeps it from applying more, but its threads stop only once an event past
@@ -667,7 +666,7 @@ class Split:
             self._exec(tgt, replication.slave_sql("STOP", self.connection_name))
             self._exec(tgt, f"SET GLOBAL `{self.connection_name}`.replicate_do_db = %s",
                        (",".join(self.databases),))
-            self._exec(tgt, replication.slave_sql("START", self.connection_name))
+            self._start_channel(self.connection_name)
             changed = True
         pos = replication.gtid_position(self.conn(self.spec.source))
         self._wait_applied(pos, self.catchup_timeout, "catch up")
@@ -706,7 +705,44 @@ class Split:
             for other in running + [name]:
                 if other == name and (not start or self._channel(tgt) is None):
                     continue
-                self._exec(tgt, replication.slave_sql("START", other))
+                self._start_channel(other)
+
+    def _start_channel(self, name: str, *, until: str | None = None) -> None:
+        """START SLAVE of the target's channel *name* (``UNTIL master_gtid_pos`` *until*),
+        first clearing a skip counter an earlier stop left on it.
+
+        With ``gtid_ignore_duplicates`` on (set by :meth:`_create_channel`), MariaDB skips an
+        event group whose GTID it applied already by setting the channel's
+        ``sql_slave_skip_counter`` to 1 until the group's end (``exec_relay_log_event`` in
+        sql/slave.cc). The target's channel from its standby gets such groups all through
+        the split: the standby's echo of the source transactions the split's channel
+        applied. A STOP SLAVE while one is still arriving leaves the counter at 1, and the
+        next START skips the next group the channel reads, a new transaction: its GTID
+        counts as applied, its changes are lost, both threads say Yes (fault campaign,
+        seed 500073: a row written on the target's standby after the cutover never reached
+        the target). Nothing here sets the counter on purpose, and a started channel
+        begins at a group's start (GTID mode: from ``gtid_slave_pos``), so a leftover
+        counter only ever skips a transaction that was not applied."""
+        tgt = self.spec.target
+        ch = next((r for r in topology.dict_rows(self.conn(tgt), "SHOW ALL SLAVES STATUS")
+                   if str(r.get("Connection_name") or "") == name), None)
+        if (ch is not None and int(ch.get("Skip_Counter") or 0)
+                and ch.get("Slave_SQL_Running") != "Yes"):
+            log.warning("split %s: %s's replication connection %r was stopped with "
+                        "sql_slave_skip_counter %s (a skipped duplicate left unfinished); "
+                        "cleared before starting it", self.name if self.journal else "",
+                        tgt, name, ch.get("Skip_Counter"))
+            with self.conn(tgt).cursor() as cur:
+                cur.execute("SET @@SESSION.default_master_connection = %s", (name,))
+                try:
+                    cur.execute("SET GLOBAL sql_slave_skip_counter = 0")
+                finally:
+                    cur.execute("SET @@SESSION.default_master_connection = ''")
+        if until is None:
+            self._exec(tgt, replication.slave_sql("START", name))
+        else:
+            self._exec(tgt, replication.slave_sql("START", name) + " UNTIL master_gtid_pos = %s",
+                       (until,))
 
     def _wait_applied(self, pos: str, timeout: float, what: str) -> None:
         """Wait (bounded) until the target applied *pos*: a split channel that stopped
@@ -994,7 +1030,7 @@ class Split:
             self._set_fence(False)
             self._thaw()
             if self._channel(self.spec.target) is not None:
-                self._exec(self.spec.target, replication.slave_sql("START", self.connection_name))
+                self._start_channel(self.connection_name)
             self._note(cutover_phase=None, last_cutover_error=str(exc) or type(exc).__name__)
         except Exception as undo_exc:  # noqa: BLE001 - report both
             raise SplitError(f"cutover failed ({exc}) and undoing it failed too ({undo_exc}); "
@@ -1037,7 +1073,7 @@ class Split:
         if self.spec.target_standby:
             self._align_source_domains()
         for name in names:
-            self._exec(self.spec.target, replication.slave_sql("START", name))
+            self._start_channel(name)
 
     def _align_source_domains(self) -> None:
         """The target's position in the source's domains as its standby's binlog has them.

@@ -640,3 +640,47 @@ def test_the_module_in_check_mode_says_what_the_runner_would_do(fleet, tmp_path)
     res, _ = run_module(tmp_path, "shard_split", args, check=True)
     assert res["would_run"] == ["cutover"], res
     assert fleet.map() == before
+
+
+def test_a_skip_counter_a_stop_left_on_the_target_does_not_swallow_a_transaction(fleet):
+    """Fault campaign seed 500073: a row written on the target's standby after the split
+    never reached the target, whose channel from the standby said Yes/Yes; the target's
+    log: "'SQL_SLAVE_SKIP_COUNTER=1' executed at ..." at the cutover's restart of that
+    channel. With gtid_ignore_duplicates on (the split sets it on the target), MariaDB skips
+    the standby's echo of a source transaction the split's channel applied by setting the
+    channel's sql_slave_skip_counter to 1 until the end of that event group; a STOP SLAVE
+    while the group is still arriving leaves the counter at 1 (checked by hand: a STOP
+    during the echo of a 200,000-row source transaction left Skip_Counter 1, and the
+    standby's next transaction was skipped). That STOP is a race, so the test leaves the
+    state it leaves: the counter at 1 on the stopped channel, at the instant the cutover
+    restarts the target's channels (between its STOP and its START)."""
+    with fleet.split() as sp:
+        real = sp._align_source_domains
+
+        def align_then_leave_a_counter() -> None:
+            real()
+            with fleet.target.connect() as c, c.cursor() as cur:  # the channel is stopped here
+                cur.execute("SET @@SESSION.default_master_connection = ''")
+                cur.execute("SET GLOBAL sql_slave_skip_counter = 1")
+
+        sp._align_source_domains = align_then_leave_a_counter  # type: ignore[method-assign]
+        res = {r.step: r for r in sp.run("all")}
+    assert res["cutover"].changed
+    # the first transaction on the target's standby (as after a promotion) reaches the target
+    probe = f"sf_probe_{time.monotonic_ns()}"
+    fleet.standby.sql(f"CREATE DATABASE {probe}")
+    try:
+        deadline = time.monotonic() + 20
+        while not fleet.target.sql("SELECT COUNT(*) FROM information_schema.SCHEMATA "
+                                   "WHERE SCHEMA_NAME = %s", (probe,))[0][0]:
+            if time.monotonic() > deadline:
+                st = dict(zip([d[0] for d in _cols(fleet.target)],
+                              fleet.target.sql("SHOW SLAVE STATUS")[0], strict=True))
+                pytest.fail(f"a database created on the standby did not reach the target; "
+                            f"its channel: IO {st['Slave_IO_Running']} SQL "
+                            f"{st['Slave_SQL_Running']} at {st['Gtid_IO_Pos']}")
+            time.sleep(0.1)
+    finally:
+        fleet.standby.sql(f"DROP DATABASE IF EXISTS {probe}")
+        wait_pair_synced(fleet.standby, fleet.target)
+        fleet.target.sql(f"DROP DATABASE IF EXISTS {probe}")
