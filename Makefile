@@ -48,8 +48,16 @@ lint: venv
 	$(PYTEST) -q -p no:cacheprovider tests/collection  # the built collection, installed, used from outside (7-18 s)
 	scripts/sanity.sh  # ansible-test sanity: the checks that run offline
 
+# Two workers (pytest-xdist) for the unit and integration tiers: the unit tier is CPU
+# (10,000 generated cases per parser), and an integration test keeps one core busy with
+# the other idle while its servers answer (vmstat: 45% idle all through the tier); with a
+# worker each, the tiers' wall time falls by about 40%. TEST_WORKERS=1 runs them in one
+# process. --dist loadfile keeps a file's tests, and its module fixtures, on one worker.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 unit: venv
-	$(PYTEST) -q -m "not integration and not e2e" tests/unit
+	$(PYTEST) -q -m "not integration and not e2e" tests/unit $(XDIST)
 
 # The integration and fault tiers' servers (MariaDB data directories, ZooKeeper logs) live
 # under pytest's base temporary directory: on a tmpfs when there is one with 4 GiB free.
@@ -60,7 +68,8 @@ TEST_TMP ?= $(shell d=/dev/shm; test -d $$d -a -w $$d && \
   test "$$(df -Pk $$d | awk 'NR==2 {print $$4}')" -gt 4194304 && echo $$d || echo /tmp)
 
 integration: deps
-	$(PYTEST) -q -m integration tests/integration --basetemp=$(TEST_TMP)/shardfleet-integration
+	$(PYTEST) -q -m integration tests/integration --basetemp=$(TEST_TMP)/shardfleet-integration \
+	  $(XDIST)
 
 check: lint
 	HYPOTHESIS_PROFILE=dev $(PYTEST) -q -m "not integration and not e2e" tests/unit
@@ -75,7 +84,8 @@ bench: deps
 -include mk/*.mk
 
 test: deps
-	@set -e; for t in $(TEST_TIERS); do echo "=== tier: $$t"; $(MAKE) --no-print-directory $$t; done
+	@set -e; for t in $(TEST_TIERS); do echo "=== tier: $$t"; s=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$t; echo "=== tier $$t passed in $$(( $$(date +%s) - s ))s"; done
 	@echo "=== all tiers passed: $(TEST_TIERS)"
 
 clean:

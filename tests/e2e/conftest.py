@@ -140,7 +140,14 @@ class Fleet:
              str(REPO / "playbooks" / name), *args],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             timeout=PLAYBOOK_TIMEOUT, check=False)
-        return Run(proc.returncode, proc.stdout, time.monotonic() - start)
+        run = Run(proc.returncode, proc.stdout, time.monotonic() - start)
+        logs = os.environ.get("SHARDFLEET_E2E_LOGS")  # every run's output, for a profile
+        if logs:
+            Path(logs).mkdir(parents=True, exist_ok=True)
+            n = len(list(Path(logs).iterdir()))
+            (Path(logs) / f"{n:03d}-{name}.log").write_text(
+                f"# {' '.join(args)} rc={run.rc} {run.seconds:.0f}s\n{run.output}")
+        return run
 
     def group(self, name: str) -> list[str]:
         return sorted(h for h, v in self.hosts.items() if v["group"] == name)

@@ -4,14 +4,14 @@ more containers get the mysql role: pair003, pair004 and pair005.
 
 1. Refusals through split.yml change nothing: a range pair001 does not own, a target
    pair that is not empty.
-2. pair001's upper half moves onto pair003 under a live writer (threads on this host
+2. The top 256 shards of pair001's range move onto pair003 under a live writer (threads on this host
    using the routing library, logging every acknowledged write): no acknowledged write
    lost, no row nobody acknowledged, nothing accepted by the old master after the flip,
    no error for the moving shards, the stall under a second (the journal's), and no
    write to a moving shard waiting a second longer than the slowest write to the
    source's other shards at the same time (measured side by side: on a busy machine
    every write waits longer). --check and a rerun change nothing.
-3. pair002's upper half moves onto pair004 under a writer, with split.yml killed
+3. The top 256 of pair002's move onto pair004 under a writer, with split.yml killed
    (SIGKILL of ansible-playbook and of the module's process in the container) as soon
    as the journal records the start (inside the clone), again once it records the
    clone, again once it records the replicate step, and twice inside the cutover (a read
@@ -51,7 +51,7 @@ from shardfleet import ids
 from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.router import Router
 from shardfleet.shardmap import ShardMap, ShardRange
-from shardfleet.split import PROGRESS, upper_half
+from shardfleet.split import PROGRESS
 from shardfleet.store import Store
 from shardfleet.testing.kit import Writer, WriterLog, check_writes
 from tests.e2e.conftest import (
@@ -84,10 +84,11 @@ class Node:
                                password=self.password, autocommit=True, connect_timeout=5)
 
 
-def _add_new_pairs(fleet: Fleet, dest: Path) -> tuple[Path, float, float]:
+def _add_new_pairs(fleet: Fleet, dest: Path) -> tuple[Path, float]:
     """The new pairs as on-call adds them: fleet-add.yml (make fleet-add) on a copy of the
-    fleet's inventory; it must choose NEW's names and addresses, and a rerun changes
-    nothing. (the inventory, seconds of the first run, of the rerun)"""
+    fleet's inventory; it must choose NEW's names and addresses. (the inventory, seconds)
+    Its rerun is the mysql role's and fleet-up's: the molecule mysql scenario's
+    idempotence and test_site's rerun hold them (a rerun here took 3 minutes)."""
     shutil.copytree(fleet.inventory, dest)
     add = ["-e", "pair=pair003,pair004,pair005"]
     rc, out, t_add = _play(fleet, dest, REPO / "playbooks" / "fleet-add.yml", *add)
@@ -97,9 +98,7 @@ def _add_new_pairs(fleet: Fleet, dest: Path) -> tuple[Path, float, float]:
     got = {h: (v["shardfleet_pair"], v["shardfleet_side"], v["shardfleet_container_ip"])
            for h, v in hosts.items()}
     assert got == NEW, f"fleet-add chose {got}"
-    rc, again, t_again = _play(fleet, dest, REPO / "playbooks" / "fleet-add.yml", *add)
-    assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
-    return dest, t_add, t_again
+    return dest, t_add
 
 
 def _cmd(fleet: Fleet, inventory: Path, playbook: Path, *args: str) -> list[str]:
@@ -373,6 +372,18 @@ def _range_of(m: ShardMap, nodes: list[str]) -> ShardRange:
     return mine[0]
 
 
+# shards a split here moves: the top MOVING of the source's range. The split's cost grows
+# with the databases it copies (about 0.2 s each on the container fleet, 1,024 for an
+# upper half); what the test holds (the writer's history, kills at every step, the fence)
+# does not, and the split of a whole upper half is bench/split_cutover.py's and the
+# fault tier's
+MOVING = 256
+
+
+def _top(r: ShardRange) -> tuple[int, int]:
+    return (r.last - MOVING + 1, r.last)
+
+
 def _sample(r: ShardRange, moving: tuple[int, int]) -> list[int]:
     """Shards the writer uses: four that stay and four that move."""
     lo, hi = (r.first, moving[0] - 1), moving
@@ -432,9 +443,9 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
     split_pb = REPO / "playbooks" / "split.yml"
     report: list[str] = []
     try:
-        inv, t_add, t_again = _add_new_pairs(fleet, tmp_path / "inventory")
+        inv, t_add = _add_new_pairs(fleet, tmp_path / "inventory")
         report.append(f"fleet-add.yml of 3 pairs (6 containers, the mysql role on them only) "
-                      f"{t_add:.0f}s, its rerun {t_again:.0f}s (no change)")
+                      f"{t_add:.0f}s")
 
         # -- 1. refusals change nothing ---------------------------------------------
         v0 = store.read().version
@@ -464,9 +475,10 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         # -- 2. pair001 -> pair003 under a writer -----------------------------------
         src_nodes, tgt = _pair_nodes(fleet, "pair001"), _pair_nodes(fleet, "pair003")
         r1 = _range_of(_map(store), src_nodes)
-        moving = upper_half(r1)
+        moving = _top(r1)
         shards = _sample(r1, moving)
-        args = ["-e", "split_source_pair=pair001", "-e", "split_target_pair=pair003"]
+        args = ["-e", "split_source_pair=pair001", "-e", "split_target_pair=pair003",
+                "-e", json.dumps({"split_range": list(moving)})]
         with _writer(fleet, zk, shards, frozen_wait=15) as (_, w):
             w.start()
             _wait_ops(w, 200)
@@ -512,13 +524,14 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         # -- 3. pair002 -> pair004, killed at the step boundaries --------------------
         src_nodes, tgt = _pair_nodes(fleet, "pair002"), _pair_nodes(fleet, "pair004")
         r2 = _range_of(_map(store), src_nodes)
-        moving = upper_half(r2)
+        moving = _top(r2)
         shards = _sample(r2, moving)
         runner = next(h for h in fleet.group("mysql")
                       if fleet.hosts[h]["shardfleet_pair"] == "pair002")
         probe_shard = next(x for x in range(moving[0], moving[1] + 1) if x not in shards)
         journal = f"{store.root}/default/ops/journal/split-{moving[0]}-{moving[1]}"
-        args = ["-e", "split_source_pair=pair002", "-e", "split_target_pair=pair004"]
+        args = ["-e", "split_source_pair=pair002", "-e", "split_target_pair=pair004",
+                "-e", json.dumps({"split_range": list(moving)})]
         # frozen_wait: the kills inside the cutover leave the range frozen until the rerun
         # flips it (two ansible-playbook runs; on a busy machine a minute or more); five
         # kills and a rerun take about 3 minutes on a quiet machine, 10 on a busy one
@@ -681,4 +694,5 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
     finally:
         print("\ne2e split: " + "\n  ".join(report))
         store.close()
-        subprocess.run(["podman", "rm", "-f", *NEW], check=False, capture_output=True)
+        # NEW's containers stay: the map names them, and the later tests' fleet-status
+        # checks every server it names (the session's fleet-down removes them)
