@@ -52,9 +52,10 @@ lint: venv
 # (10,000 generated cases per parser), and an integration test keeps one core busy with
 # the other idle while its servers answer (vmstat: 45% idle all through the tier); with a
 # worker each, the tiers' wall time falls by about 40%. TEST_WORKERS=1 runs them in one
-# process. --dist loadfile keeps a file's tests, and its module fixtures, on one worker.
+# process. The integration tier's --dist loadfile keeps a file's tests, and its module
+# fixtures (servers), on one worker; the unit tier's three longest tests share a file.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 unit: venv
 	$(PYTEST) -q -m "not integration and not e2e" tests/unit $(XDIST)
@@ -69,7 +70,7 @@ TEST_TMP ?= $(shell d=/dev/shm; test -d $$d -a -w $$d && \
 
 integration: deps
 	$(PYTEST) -q -m integration tests/integration --basetemp=$(TEST_TMP)/shardfleet-integration \
-	  $(XDIST)
+	  $(XDIST) $(if $(XDIST),--dist loadfile)
 
 check: lint
 	HYPOTHESIS_PROFILE=dev $(PYTEST) -q -m "not integration and not e2e" tests/unit

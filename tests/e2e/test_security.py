@@ -1,6 +1,6 @@
 """Security checks on the e2e fleet: what the application and replication users
 can and cannot do. Two shard-style databases of the test's own (db65000, db65001:
-valid shard names far above the fleet's 4096, so the shards play never owns them)
+valid shard names far above the fleet's shards, so the shards play never owns them)
 are granted the way the shards role grants (one GRANT per database).
 
 MariaDB checks read_only before some privileges (CREATE TABLE on a read-only

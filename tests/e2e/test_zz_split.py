@@ -21,7 +21,8 @@ more containers get the mysql role: pair003, pair004 and pair005.
    frozen range held waited, none failed); between its fence and its flip the source
    must refuse an application write to a moving shard (a router with a stale map),
    checked last. split_step=cleanup then drops the moved shards from pair002.
-4. open-range.yml opens 4096..4111 on pair005 and closes the older ranges: new objects
+4. open-range.yml opens the 16 shards after the fleet's (4096..4111 at the full count) on
+   pair005 and closes the older ranges: new objects
    land in the new range; older objects stay readable and writable; a rerun changes
    nothing.
 """
@@ -59,6 +60,7 @@ from tests.e2e.conftest import (
     NET_TO,
     PREFIX_TO,
     REPO,
+    SHARDS,
     Fleet,
     assert_pairs_replicate,
     awaiting_rebuild,
@@ -373,10 +375,10 @@ def _range_of(m: ShardMap, nodes: list[str]) -> ShardRange:
 
 
 # shards a split here moves: the top MOVING of the source's range. The split's cost grows
-# with the databases it copies (about 0.2 s each on the container fleet, 1,024 for an
-# upper half); what the test holds (the writer's history, kills at every step, the fence)
-# does not, and the split of a whole upper half is bench/split_cutover.py's and the
-# fault tier's
+# with the databases it copies (about 0.2 s each on the container fleet; an upper half is
+# 1,024 at the full count); what the test holds (the writer's history, kills at every
+# step, the fence) does not, and the split of a whole upper half is
+# bench/split_cutover.py's and the fault tier's
 MOVING = 256
 
 
@@ -625,23 +627,24 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert_pairs_replicate(lambda pb: _play(fleet, inv, pb)[:2],
                                except_pairs=awaiting_rebuild(fleet, _map(store)))
 
-        # -- 4. open-range.yml: 4096..4111 on pair005 ----------------------------------
+        # -- 4. open-range.yml: the next 16 shards on pair005 ---------------------------
+        lo, hi = SHARDS, SHARDS + 15
         old_ids = list(w.log.acked)[:20]
-        open_args = ["-e", json.dumps({"open_range": [4096, 4111], "open_pairs": ["pair005"]}),
+        open_args = ["-e", json.dumps({"open_range": [lo, hi], "open_pairs": ["pair005"]}),
                      "-e", "open_close_others=true"]
         rc, out, t_open = _play(fleet, inv, REPO / "playbooks" / "open-range.yml", *open_args)
         assert rc == 0, f"open-range.yml failed:\n{out[-4000:]}"
         m = _map(store)
-        new = m.range_for(4096)
-        assert new.bounds == (4096, 4111) and new.state == "open"
+        new = m.range_for(lo)
+        assert new.bounds == (lo, hi) and new.state == "open"
         assert new.master == _pair_nodes(fleet, "pair005")[0]
-        assert [r.bounds for r in m.open_ranges()] == [(4096, 4111)], m.table()
+        assert [r.bounds for r in m.open_ranges()] == [(lo, hi)], m.table()
         router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
                         password=fleet.secrets["vault_mysql_app_password"])
         app = Store(router)
         try:
             created = [app.create("pin", {"n": i}) for i in range(30)]
-            assert all(4096 <= ids.shard_of(i) <= 4111 for i in created), created
+            assert all(lo <= ids.shard_of(i) <= hi for i in created), created
             assert [app.get(i)["n"] for i in created] == list(range(30))
             for i in old_ids:  # closed: still readable and writable
                 app.update(i, {"after_close": True})
@@ -651,7 +654,7 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
             router.close()
         rc, again, _ = _play(fleet, inv, REPO / "playbooks" / "open-range.yml", *open_args)
         assert rc == 0 and _recap_changed(again) == 0, again[-3000:]
-        report.append(f"open-range.yml {t_open:.0f}s: 30 new objects in 4096..4111, "
+        report.append(f"open-range.yml {t_open:.0f}s: 30 new objects in {lo}..{hi}, "
                       f"{len(old_ids)} older ones updated")
         # -- 5. nothing removes a server the map names ---------------------------------
         # fleet-up from the inventory without the new pairs (a second `make fleet` from the

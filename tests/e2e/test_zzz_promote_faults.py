@@ -26,7 +26,8 @@ node per pair.
    writes lost; the old master replicates from the new one.
 3. The rebuild, last: rebuild-standby.yml under a writer re-attaches pair001's old
    master as the standby by a physical copy of the master's data directory (every
-   shard it holds, over 28,000 tablespaces: more than the container's 8,192 open files,
+   shard it holds, over 10,000 tablespaces with the 2,048 shards of CI (28,000 with
+   4,096): more than the container's 8,192 open files,
    so mariadb-backup closes each file once copied), node to node; then every pair
    replicates both ways, the master holds every acknowledged write, the mark is gone,
    and the two nodes' checksums agree for every shard.
