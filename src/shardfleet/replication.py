@@ -154,6 +154,18 @@ def slave_sql(verb: str, name: str = "", thread: str = "") -> str:
     return f"{verb} SLAVE{quoted}{(' ' + thread) if thread else ''}"
 
 
+def clear_skip_counter(conn: Any, name: str = "") -> None:
+    """Set the ``sql_slave_skip_counter`` of replication connection *name* (empty: the
+    default connection) to 0: the counter is per connection, chosen by the session's
+    ``default_master_connection``, which is put back afterwards."""
+    with conn.cursor() as c:
+        c.execute("SET @@SESSION.default_master_connection = %s", (name,))
+        try:
+            c.execute("SET GLOBAL sql_slave_skip_counter = 0")
+        finally:
+            c.execute("SET @@SESSION.default_master_connection = ''")
+
+
 def set_semisync_master(conn: Any, on: bool) -> None:
     """Turn the master side of semi-sync on or off (at runtime: a restart brings back what
     the configuration says)."""

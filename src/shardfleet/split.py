@@ -632,9 +632,12 @@ class Split:
                  len(done), kept + len(dbs), rows, estimate["rows"], rate)
 
     # -- replicate -----------------------------------------------------------
-    def _channel(self, server: str) -> dict[str, Any] | None:
+    def _channel(self, server: str, name: str | None = None) -> dict[str, Any] | None:
+        """*server*'s replication connection *name* (default: the split's), as ``SHOW ALL
+        SLAVES STATUS`` shows it, or None."""
+        want = self.connection_name if name is None else name
         for r in topology.dict_rows(self.conn(server), "SHOW ALL SLAVES STATUS"):
-            if r.get("Connection_name") == self.connection_name:
+            if str(r.get("Connection_name") or "") == want:
                 return r
         return None
 
@@ -724,20 +727,14 @@ class Split:
         begins at a group's start (GTID mode: from ``gtid_slave_pos``), so a leftover
         counter only ever skips a transaction that was not applied."""
         tgt = self.spec.target
-        ch = next((r for r in topology.dict_rows(self.conn(tgt), "SHOW ALL SLAVES STATUS")
-                   if str(r.get("Connection_name") or "") == name), None)
+        ch = self._channel(tgt, name)
         if (ch is not None and int(ch.get("Skip_Counter") or 0)
                 and ch.get("Slave_SQL_Running") != "Yes"):
             log.warning("split %s: %s's replication connection %r was stopped with "
                         "sql_slave_skip_counter %s (a skipped duplicate left unfinished); "
                         "cleared before starting it", self.name if self.journal else "",
                         tgt, name, ch.get("Skip_Counter"))
-            with self.conn(tgt).cursor() as cur:
-                cur.execute("SET @@SESSION.default_master_connection = %s", (name,))
-                try:
-                    cur.execute("SET GLOBAL sql_slave_skip_counter = 0")
-                finally:
-                    cur.execute("SET @@SESSION.default_master_connection = ''")
+            replication.clear_skip_counter(self.conn(tgt), name)
         if until is None:
             self._exec(tgt, replication.slave_sql("START", name))
         else:

@@ -357,7 +357,7 @@ def test_cutover_timeout_undoes_freeze_and_fence(fleet, tmp_path):
     fleet.source.sql("INSERT INTO db00020.pins (body) VALUES ('{\"v\": 0}')")
     with fleet.split(cutover_timeout=0.5) as sp:
         # a target that lags right at the cutover: skip the catch-up before the freeze
-        sp._channel = lambda server: {"Slave_SQL_Running": "Yes"}  # type: ignore[method-assign]
+        sp._channel = lambda server, name=None: {"Slave_SQL_Running": "Yes"}  # type: ignore[method-assign]
         sp._wait_applied = lambda *a: None  # type: ignore[method-assign]
         t0 = time.monotonic()
         with pytest.raises(CutoverAborted, match="cutover undone"):
