@@ -1,13 +1,14 @@
 """End to end: the aws_ec2 inventory against moto runs playbooks/site.yml on containers.
 
-provision-aws.yml builds a small fleet in moto (1 MySQL pair, 1 ZooKeeper, 1 Redis,
-1 memcached). Each "instance" is then a podman container named like its Name tag, on
-a podman network of the test's own whose addresses are the instances' private IPs,
-so the shipped inventory's ``shardfleet_address`` (the private IP) is used unchanged.
-Only the connection is composed differently: ``containers.podman.podman`` to the
-container named by the Name tag, instead of SSH to the public address. site.yml then
-runs unchanged, and the fleet must work: the pair replicates both ways across "zones",
-ZooKeeper answers, Redis and memcached serve the other hosts.
+provision-aws.yml builds a small fleet in moto (1 MySQL pair, 1 ZooKeeper, 1 Redis, 1
+memcached). Each "instance" is then a podman container named like its Name tag, on a
+podman network of the test's own whose addresses are the instances' private IPs, so the
+shipped inventory's ``shardfleet_address`` (the private IP) is used unchanged. Only the
+connection is composed differently: the collection's ``shardfleet.fleet.podman``
+(pipelined ``podman exec``) to the container named by the Name tag, instead of SSH to
+the public address. site.yml then runs unchanged, and the fleet must work: the pair
+replicates both ways across "zones", ZooKeeper answers, Redis and memcached serve the
+other hosts.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ FLEET_VARS = {
 }
 # How the test reaches the "instances": everything else comes from the shipped file.
 CONTAINER_COMPOSE = {
-    "ansible_connection": "'containers.podman.podman'",
+    "ansible_connection": "'shardfleet.fleet.podman'",
     "ansible_host": "ec2_tags.Name",
     "ansible_user": "'root'",
     "shardfleet_become": "false",

@@ -1,10 +1,10 @@
-"""The collection as ops teams get it: `ansible-galaxy collection build`, installed into
-a temporary collections path, used from a directory outside the checkout with no
-ansible.cfg. Every module renders with `ansible-doc` (its doc fragments resolve by FQCN),
-every role is found by FQCN and `ansible-doc -t role` shows its argument specs (each entry
-point and option of its meta/argument_specs.yml), and every playbook passes
-`--syntax-check` by FQCN (a playbook's FQCN is its file name with '-' as '_': a '-' is
-not valid in one).
+"""The collection as ops teams get it: `ansible-galaxy collection build`, installed into a
+temporary collections path, used from a directory outside the checkout with no
+ansible.cfg. Every module and the connection render with `ansible-doc` (a module's doc
+fragments resolve by FQCN), every role is found by FQCN and `ansible-doc -t role` shows
+its argument specs (each entry point and option of its meta/argument_specs.yml), and
+every playbook passes `--syntax-check` by FQCN (a playbook's FQCN is its file name with
+'-' as '_': a '-' is not valid in one).
 
 Runs in the lint tier (`make lint`); no servers, no network (`--offline`)."""
 
@@ -89,6 +89,20 @@ def test_every_filter_documents_itself(outside) -> None:
     docs = json.loads(p.stdout)
     missing = [n for n in names if not (docs.get(n) or {}).get("doc")]
     assert not missing, f"ansible-doc rendered no documentation for {missing}:\n{p.stderr}"
+
+
+def test_the_connection_documents_itself(outside) -> None:
+    """shardfleet.fleet.podman (the local fleet's pipelined podman connection) renders,
+    its options with it: a doc that does not parse makes every task of the local fleet
+    fail to load the plugin."""
+    cwd, env = outside
+    name = f"{NS}.podman"
+    p = _run([str(BIN / "ansible-doc"), "-t", "connection", "--json", name], cwd=cwd, env=env)
+    assert p.returncode == 0 and not p.stderr.strip(), f"ansible-doc failed:\n{p.stderr}"
+    doc = json.loads(p.stdout)[name]["doc"]
+    assert doc["collection"] == NS
+    assert {"remote_addr", "remote_user", "podman_executable", "pipelining"} <= set(doc["options"])
+    assert doc["options"]["pipelining"]["default"] is True
 
 
 def test_a_module_runs_with_its_module_utils(outside) -> None:
