@@ -81,12 +81,57 @@ def test_shard_databases_reports_drift_never_alters(tmp_path, mariadb_pair):
     args = {**login(a), "range": [120, 121], "app_user": APP_USER}
     run_module(tmp_path, "shard_databases", args)
     a.sql("ALTER TABLE db00120.pins ADD COLUMN extra INT")
-    res, _ = run_module(tmp_path, "shard_databases", args)
+    res, _ = run_module(tmp_path, "shard_databases", {**args, "check_definitions": "always"})
     assert not res["changed"]
     assert [(d["database"], d["table"]) for d in res["drifted"]] == [("db00120", "pins")]
     cols = a.sql("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE "
                  "TABLE_SCHEMA='db00120' AND TABLE_NAME='pins'")
     assert ("extra",) in cols
+
+
+def test_shard_databases_checks_definitions_again_only_when_the_schema_changed(
+        tmp_path, mariadb_pair):
+    """The definition check (every table's definition opened: about 10 s for 2,048 shards)
+    runs when no clean check of the range against this schema is recorded on the server:
+    a converged rerun skips it, a changed schema brings it back, and drift keeps it
+    coming back until the tables are fixed."""
+    a = mariadb_pair[0]
+    args = {**login(a), "range": [130, 131], "app_user": APP_USER}
+    res, _ = run_module(tmp_path, "shard_databases", {**args, "check_definitions": "never"},
+                        check=True)
+    assert res["changed"] and not res["definitions_checked"]
+    res, _ = run_module(tmp_path, "shard_databases", args, check=True)
+    assert res["definitions_checked"]
+    recorded = ("SELECT first_shard, last_shard, shard_count FROM "
+                "shardfleet_provision.definition_checks WHERE first_shard=130")
+    assert a.sql("SELECT COUNT(*) FROM information_schema.TABLES WHERE "
+                 "TABLE_SCHEMA='shardfleet_provision'") == [(0,)] or a.sql(recorded) == [], \
+        "check mode recorded a check"
+    res, _ = run_module(tmp_path, "shard_databases", args)
+    assert res["changed"] and res["definitions_checked"] and res["drifted"] == []
+    res, _ = run_module(tmp_path, "shard_databases", args)
+    assert not res["changed"] and not res["definitions_checked"] and res["drifted"] == []
+    assert a.sql(recorded) == [(130, 131, 2)]
+
+    # altered by hand after the clean check: only an explicit check sees it
+    a.sql("ALTER TABLE db00131.pins ADD COLUMN extra INT")
+    res, _ = run_module(tmp_path, "shard_databases", args)
+    assert not res["definitions_checked"] and res["drifted"] == []
+    res, _ = run_module(tmp_path, "shard_databases", {**args, "check_definitions": "always"})
+    assert [(d["database"], d["table"]) for d in res["drifted"]] == [("db00131", "pins")]
+
+    # a changed schema (a lookup's value now JSON): checked again, every shard's table seen
+    text = (ROOT / "src" / "shardfleet" / "schema.yml").read_text()
+    assert "{name: user_by_email, value: id}" in text
+    changed = tmp_path / "schema.yml"
+    changed.write_text(text.replace("{name: user_by_email, value: id}",
+                                    "{name: user_by_email, value: json}"))
+    for _ in range(2):  # drift records nothing: the next run checks (and warns) again
+        res, out = run_module(tmp_path, "shard_databases", {**args, "schema": str(changed)})
+        assert not res["changed"] and res["definitions_checked"]
+        assert sorted((d["database"], d["table"]) for d in res["drifted"]) == [
+            ("db00130", "user_by_email"), ("db00131", "pins"), ("db00131", "user_by_email")]
+        assert "differ from the schema" in out
 
 
 def test_shard_databases_absent_refuses_rows_unless_forced(tmp_path, mariadb_pair):
