@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 
+def mysql_code(exc: BaseException) -> int:
+    """The MySQL error number behind *exc*, 0 if none: the first error of the driver
+    (PyMySQL) in *exc*'s chain of causes, so an error the library re-raised as its own
+    (a DatabaseError ``from`` the driver's) still tells its number."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__module__.startswith("pymysql") and seen.args \
+                and isinstance(seen.args[0], int):
+            return int(seen.args[0])
+        seen = seen.__cause__ or seen.__context__
+    return 0
+
+
 class ShardfleetError(Exception):
     """Base class of every error the library raises on purpose."""
 

@@ -76,7 +76,7 @@ import pymysql
 from kazoo.exceptions import KazooException
 
 from shardfleet import replication, shardmap, topology
-from shardfleet.errors import DatabaseError, MapError, ShardfleetError
+from shardfleet.errors import DatabaseError, MapError, ShardfleetError, mysql_code
 from shardfleet.mapstore import ZooKeeperMapStore, update
 from shardfleet.ops import (
     Journal,
@@ -175,18 +175,6 @@ class Result:
 def _connect(server: str, opts: Options) -> pymysql.connections.Connection:
     return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout,
                             read_timeout=opts.read_timeout, tls=opts.tls)
-
-
-def mysql_code(exc: BaseException) -> int:
-    """The MySQL error number behind *exc* (0 if none): :func:`topology.connect` re-raises
-    the driver's error as a DatabaseError, whose context still holds it."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, pymysql.err.MySQLError) and seen.args \
-                and isinstance(seen.args[0], int):
-            return int(seen.args[0])
-        seen = seen.__cause__ or seen.__context__
-    return 0
 
 
 def reach(server: str, opts: Options) -> tuple[Any | None, str, bool]:

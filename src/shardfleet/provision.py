@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardfleet.errors import DatabaseError, SchemaError
+from shardfleet.errors import DatabaseError, SchemaError, mysql_code
 from shardfleet.schema import Schema, shard_database
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def _recorded_check(cur: Any, shards: Sequence[int]) -> str | None:
         cur.execute(f"SELECT schema_fingerprint FROM `{CHECKS_DB}`.definition_checks "
                     "WHERE shards_key=%s", (_shards_key(shards),))
     except Exception as exc:
-        if exc.args and exc.args[0] in (1049, 1146):  # no record kept on this server yet
+        if mysql_code(exc) in (1049, 1146):  # no record kept on this server yet
             return None
         raise
     row = cur.fetchone()

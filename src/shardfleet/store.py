@@ -37,6 +37,7 @@ from shardfleet.errors import (
     ObjectNotFound,
     SchemaError,
     ShardfleetError,
+    mysql_code,
 )
 from shardfleet.router import Router
 from shardfleet.schema import Schema, default_schema, shard_database
@@ -58,10 +59,6 @@ Body = dict[str, Any]
 Updater = Callable[[Body], Body] | dict[str, Any]
 JoinPage = tuple[list[tuple[int, Body]], str | None]  # (id, body) in page order, next cursor
 Rows = list[tuple[int, int]]  # (to_id, sequence), newest first
-
-
-def _errno(exc: BaseException) -> int:
-    return exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
 
 
 def _rollback(conn: pymysql.connections.Connection) -> None:
@@ -166,7 +163,7 @@ class Store:
             try:
                 conn = self.router.acquire(r.master, shard)
             except pymysql.err.MySQLError as exc:
-                errno = _errno(exc)
+                errno = mysql_code(exc)
                 if retried or errno not in CONNECTION_ERRNOS:
                     raise DatabaseError(f"shard {shard} on {r.master}: {exc}") from exc
                 retried = True
@@ -193,7 +190,7 @@ class Store:
                 result = fn(conn)
             except pymysql.err.MySQLError as exc:
                 pool.discard(conn)
-                errno = _errno(exc)
+                errno = mysql_code(exc)
                 retry = errno in REROUTE_ERRNOS or (not write and errno in CONNECTION_ERRNOS)
                 if retry and not retried:
                     retried = True
@@ -452,7 +449,7 @@ class Store:
                 rows = self._fetch_many(jobs) if jobs else []
                 break
             except pymysql.err.MySQLError as exc:
-                errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+                errno = mysql_code(exc)
                 if attempt or errno not in REROUTE_ERRNOS | CONNECTION_ERRNOS:
                     raise DatabaseError(f"get_many: {exc}") from exc
                 log.info("get_many refused (%s); refreshing the map and retrying once", errno)

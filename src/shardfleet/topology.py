@@ -18,7 +18,7 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
-from shardfleet.errors import DatabaseError
+from shardfleet.errors import DatabaseError, mysql_code
 from shardfleet.tls import TLS
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,7 @@ def connect(server: str, user: str, password: str, *, timeout: float = 5.0,
                                password=password, autocommit=True, connect_timeout=timeout,
                                **tls.pymysql_kwargs(), **kw)
     except pymysql.err.OperationalError as exc:
-        code = exc.args[0] if exc.args else 0
-        what = "wrong credentials" if code == 1045 else "cannot connect"
+        what = "wrong credentials" if mysql_code(exc) == 1045 else "cannot connect"
         where = unix_socket or server
         raise DatabaseError(f"{where}: {what}: {exc.args[-1] if exc.args else exc}") from None
     tls.check(conn, server)

@@ -45,3 +45,32 @@ def test_the_result_and_the_socket_are_the_attributes_read():
     assert "self._sock = sock" in src or "self._sock = None" in src
     rows = inspect.getsource(pymysql.connections.MySQLResult)
     assert "self.rows" in rows, "MySQLResult.rows holds the fetched rows"
+
+
+def test_mysql_code_reads_the_drivers_number_through_the_library_own_errors():
+    """errors.mysql_code knows the driver's errors by their module (pymysql.err): the
+    number of a driver error, raised directly or as the cause or context of the
+    library's own DatabaseError; 0 for anything else (an OSError's errno is no MySQL
+    error number)."""
+    from shardfleet.errors import DatabaseError, mysql_code
+
+    refused = pymysql.err.OperationalError(2003, "Can't connect to MySQL server")
+    assert mysql_code(refused) == 2003
+    assert mysql_code(pymysql.err.ProgrammingError(1146, "Table doesn't exist")) == 1146
+
+    def wrapped(cause: BaseException, *, explicit: bool) -> DatabaseError:
+        try:
+            try:
+                raise cause
+            except pymysql.err.MySQLError as exc:
+                if explicit:
+                    raise DatabaseError("shard 7: cannot connect") from exc
+                raise DatabaseError("shard 7: cannot connect")  # noqa: B904 (the context)
+        except DatabaseError as outer:
+            return outer
+
+    assert mysql_code(wrapped(refused, explicit=True)) == 2003
+    assert mysql_code(wrapped(refused, explicit=False)) == 2003
+    assert mysql_code(DatabaseError("no number")) == 0
+    assert mysql_code(ConnectionRefusedError(111, "Connection refused")) == 0
+    assert mysql_code(pymysql.err.InterfaceError("(0, '')")) == 0
