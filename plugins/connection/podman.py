@@ -23,11 +23,13 @@ version_added: "0.4.0"
 options:
   remote_addr:
     description:
-      - The name or ID of the container.
+      - The name or ID of the container. The last of these variables that is set wins, so
+        a delegated task reaches the delegated host (delegation sets its C(ansible_host)),
+        not the play's host.
     default: inventory_hostname
     vars:
-      - name: ansible_host
       - name: inventory_hostname
+      - name: ansible_host
       - name: ansible_podman_host
   remote_user:
     description:

@@ -4,6 +4,7 @@ holds none of the passwords."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
@@ -49,6 +50,30 @@ def test_rerun_changes_nothing(fleet: Fleet) -> None:
     assert run.rc == 0, f"site.yml rerun failed:\n{run.output[-4000:]}"
     changed = {h: c["changed"] for h, c in run.recap().items() if c["changed"]}
     assert not changed, f"site.yml rerun is not idempotent: changed per host {changed}"
+
+
+# The package installs of every role: on a converged host dpkg-query finds every package
+# and apt (which opens its whole cache, seconds a host under load) is skipped.
+PACKAGE_TASKS = {
+    "shardfleet.fleet.mysql : Install MariaDB and PyMySQL": "mysql",
+    "shardfleet.fleet.zookeeper : Install ZooKeeper and kazoo": "zookeeper",
+    "shardfleet.fleet.redis : Install Redis": "redis",
+    "shardfleet.fleet.memcached : Install memcached": "memcached",
+    "shardfleet.fleet.shards : Install the library's Debian dependencies": "mysql",
+}
+
+
+def test_rerun_skips_every_package_install(fleet: Fleet) -> None:
+    out = fleet.runs["site-rerun-vvv"].output
+    task_re = re.compile(r"^TASK \[(.+?)\] \*+\n(.*?)(?=^TASK \[|^PLAY RECAP)", re.M | re.S)
+    sections = {m.group(1): m.group(2) for m in task_re.finditer(out)}
+    for task, group in PACKAGE_TASKS.items():
+        assert task in sections, f"the rerun has no task {task!r}"
+        ran = re.findall(r"^(ok|changed|skipping|fatal): \[([^\]]+)\]", sections[task], re.M)
+        skipped = {h for state, h in ran if state == "skipping"}
+        assert skipped == set(fleet.group(group)), (
+            f"{task}: on the converged rerun apt ran on "
+            f"{sorted({h for s, h in ran if s != 'skipping'})}, skipped on {sorted(skipped)}")
 
 
 def test_vvv_output_has_no_password(fleet: Fleet) -> None:

@@ -119,37 +119,46 @@ def test_a_command_exit_code_and_a_missing_container(podman):
     assert "no container with name or ID 'c2' found" in gone.stdout, gone.stdout
 
 
-def test_an_async_task_is_copied_in_and_polled(podman, tmp_path):
-    """async (rebuild-standby.yml's copy receiver) is not pipelined: the wrapper and the
-    module go in as files, the job runs on after its podman exec returns, and
-    async_status reads its result."""
-    script, _ = podman
+def test_an_async_task_delegated_from_the_control_node(podman, tmp_path):
+    """rebuild-standby.yml's copy receiver: a play on localhost delegates an async task
+    to the container. async is not pipelined: the wrapper and the module go in as files,
+    the job runs on after its podman exec returns, and async_status reads its result.
+    Every exec names the delegated container (ansible_host, which delegation sets), never
+    the play's host: the connection once exec'd into a container named 'localhost'."""
+    script, log = podman
     marker = tmp_path / "async-done"
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json",
                ANSIBLE_ASYNC_DIR=str(tmp_path / "async"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"all": {"hosts": {"c1": {
+        "ansible_connection": "shardfleet.fleet.podman",
+        "ansible_podman_executable": str(script),
+        "ansible_python_interpreter": sys.executable}}}}))
     play = tmp_path / "async.yml"
     play.write_text(f"""
-- hosts: all
+- hosts: localhost
   gather_facts: false
   tasks:
     - ansible.builtin.command: sh -c 'sleep 1; echo done > {marker}; echo finished'
+      delegate_to: c1
       async: 60
       poll: 0
       register: job
     - ansible.builtin.async_status:
         jid: "{{{{ job.ansible_job_id }}}}"
+      delegate_to: c1
       register: st
       until: st.finished
       retries: 60
       delay: 1
 """)
     p = subprocess.run(
-        [str(ANSIBLE) + "-playbook", "-i", "c1,", "-c", "shardfleet.fleet.podman",
-         "-e", f"ansible_podman_executable={script}",
-         "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
+        [str(ANSIBLE) + "-playbook", "-i", str(inventory), str(play)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    status = json.loads(p.stdout)["plays"][0]["tasks"][1]["hosts"]["c1"]
+    status = json.loads(p.stdout)["plays"][0]["tasks"][1]["hosts"]["localhost"]
     assert status["finished"] and status["stdout"] == "finished", status
     assert marker.read_text() == "done\n"
+    made = calls(log)
+    assert made and {c[c.index("exec") + 1 + (c[1] == "-i")] for c in made} == {"c1"}, made
