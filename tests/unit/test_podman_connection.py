@@ -33,7 +33,7 @@ if args[0] == "-i":
 if args[0] == "--user":
     args = args[2:]
 container, argv = args[0], args[1:]
-if container != "c1":
+if container not in ("c1", "c2"):
     sys.stderr.write(f"Error: no container with name or ID {{container!r}} found\\n")
     sys.exit(125)
 sys.exit(subprocess.run(argv, stdin=stdin).returncode)
@@ -114,9 +114,9 @@ def test_a_command_exit_code_and_a_missing_container(podman):
     r = result(p)
     assert p.returncode != 0 and r["rc"] == 3 and r["stdout"] == "out", r
 
-    gone = adhoc(script, "ansible.builtin.ping", "", host="c2")
+    gone = adhoc(script, "ansible.builtin.ping", "", host="c3")
     assert gone.returncode != 0
-    assert "no container with name or ID 'c2' found" in gone.stdout, gone.stdout
+    assert "no container with name or ID 'c3' found" in gone.stdout, gone.stdout
 
 
 def test_an_async_task_delegated_from_the_control_node(podman, tmp_path):
@@ -162,3 +162,30 @@ def test_an_async_task_delegated_from_the_control_node(podman, tmp_path):
     assert marker.read_text() == "done\n"
     made = calls(log)
     assert made and {c[c.index("exec") + 1 + (c[1] == "-i")] for c in made} == {"c1"}, made
+
+
+def test_a_task_delegated_to_the_peer_runs_in_the_peer(podman, tmp_path):
+    """The mysql role reads the peer's GTID position with a task delegated from one pair
+    node to the other: it must run in the peer's container, not the play host's (where
+    it would silently read the host's own position)."""
+    script, log = podman
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    conn = {"ansible_connection": "shardfleet.fleet.podman",
+            "ansible_podman_executable": str(script), "ansible_python_interpreter": sys.executable}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"all": {"hosts": {"c1": conn, "c2": conn}}}))
+    play = tmp_path / "peer.yml"
+    play.write_text("""
+- hosts: c1
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo from the peer
+      delegate_to: c2
+      changed_when: false
+""")
+    p = subprocess.run([str(ANSIBLE) + "-playbook", "-i", str(inventory), str(play)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+                       check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    made = calls(log)
+    assert made and {c[c.index("exec") + 1 + (c[1] == "-i")] for c in made} == {"c2"}, made
