@@ -233,8 +233,8 @@ def _under_writer(f: Fleet, shards: list[int], watched: set[int], playbook: str,
     try:
         if not w.wait_acks(100, timeout=120):
             raise SystemExit(f"{f.pairs} pairs: the writer made no progress: {w.errors[-3:]}")
-        since = time.time()
-        f.play(playbook, *args, label=label)
+        since = time.monotonic()  # the writer's clock
+        out = f.play(playbook, *args, label=label)
         w.wait_acks(100, timeout=120)
     finally:
         log = w.stop()
@@ -242,9 +242,13 @@ def _under_writer(f: Fleet, shards: list[int], watched: set[int], playbook: str,
         router.close()
     rest = set(shards) - watched
     stall = w.longest_stall(since=since)
-    note = (f"longest wait {log.longest(watched, since):.2f}s on the moved/promoted shards, "
-            f"{log.longest(rest, since):.2f}s on others; longest stall {stall:.2f}s; "
-            f"{len(log.latencies)} writes, {len(log.errors)} errors")
+    # the operation's own measure: the split's write hold, the promotion's frozen time
+    own = re.search(r'(write_stall_seconds|"frozen_seconds")[:"]*\s*([\d.]+)', out)
+    ours = f"{own.group(1).strip(chr(34))} {float(own.group(2)):.3f}s (the playbook's); " \
+        if own else ""
+    note = (f"{ours}writer: longest wait {log.longest(watched, since):.2f}s on the moved or "
+            f"promoted shards, {log.longest(rest, since):.2f}s on others; longest stall "
+            f"{stall:.2f}s; {len(log.latencies)} writes, {len(log.errors)} errors")
     f.steps[-1].note = note
     return note
 
@@ -334,8 +338,12 @@ def main() -> int:
     sizes = [int(x) for x in args.pairs.split(",")]
     if shutil.which("podman") is None:
         raise SystemExit("podman is missing: run `make host-deps`")
-    fleets = [run(n, args.keep and i == len(sizes) - 1) for i, n in enumerate(sizes)]
-    report(fleets)
+    fleets = []
+    for i, n in enumerate(sizes):  # each size's numbers as soon as it is done
+        fleets.append(run(n, args.keep and i == len(sizes) - 1))
+        report(fleets[-1:])
+    if len(fleets) > 1:
+        report(fleets)
     return 0
 
 

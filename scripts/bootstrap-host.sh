@@ -10,6 +10,18 @@ PKGS=(
   prometheus                      # lint tier: promtool checks and tests the monitoring role's rules
   python3-venv
 )
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
+# The container tiers boot systemd in every container, about 4 inotify instances each:
+# the kernel's default fs.inotify.max_user_instances (128) holds about 30 containers
+# (bench/site_scale.py runs 37; the fleet-up playbook refuses past the limit).
+INOTIFY=1024
+if [ "$(cat /proc/sys/fs/inotify/max_user_instances)" -lt "$INOTIFY" ]; then
+  echo "bootstrap: fs.inotify.max_user_instances=$INOTIFY (/etc/sysctl.d/60-shardfleet.conf)"
+  echo "fs.inotify.max_user_instances = $INOTIFY" | $SUDO tee /etc/sysctl.d/60-shardfleet.conf >/dev/null \
+    && $SUDO sysctl -q -w "fs.inotify.max_user_instances=$INOTIFY" \
+    || echo "bootstrap: could not raise fs.inotify.max_user_instances; about 30 containers fit" >&2
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,8 +29,6 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
 echo "bootstrap: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 # policy-rc.d keeps the packages' own daemons from starting on the host: the
