@@ -274,8 +274,11 @@ def test_aws_inventory_matches_the_local_one_in_groups_hostvars_and_role_variabl
             assert re.fullmatch(r"pair\d{3}", str(hv.get("shardfleet_pair"))), f"{where} {host}"
             assert hv.get("shardfleet_side") in ("a", "b"), f"{where} {host}"
     # Every variable the local group_vars give the roles is set for AWS too, in the
-    # same group; only the container plumbing of the local fleet is local-only.
-    local_only = re.compile(r"^(ansible_connection|shardfleet_(network|image|fleet_label).*)$")
+    # same group; only the container plumbing of the local fleet is local-only (its
+    # connection, and a temporary directory under the containers' root home).
+    local_only = re.compile(
+        r"^(ansible_(connection|remote_tmp)|shardfleet_(network|image|fleet_label).*)$"
+    )
     for local_dir in sorted((REPO / "inventories/local/group_vars").iterdir()):
         local_vars: dict[str, Any] = {}
         for f in sorted(local_dir.glob("*.yml")) if local_dir.is_dir() else [local_dir]:
