@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -238,14 +239,40 @@ def cmd_locate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from shardfleet import status
-
     password = _mysql_password(args)
     tls = _tls(args)
+    if args.count < 0 or (args.count and args.watch is None):
+        raise InvalidInputError("--count takes a number of reports (0 or more), with --watch")
+    if args.watch is None:
+        return _status_once(args, password, tls, watching=False)
+    # --watch: a report every WATCH seconds until Ctrl-C (or --count reports); a round
+    # with ZooKeeper unreachable is a report too, and the next round tries again
+    tty = sys.stdout.isatty()
+    rounds, rc = 0, 0
+    try:
+        while True:
+            started = time.monotonic()
+            if tty:
+                print("\033[H\033[2J", end="")  # the terminal's clear, as watch(1) does
+            print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} every {args.watch:g}s "
+                  f"(Ctrl-C stops)")
+            rc = _status_once(args, password, tls, watching=True)
+            sys.stdout.flush()
+            rounds += 1
+            if args.count and rounds >= args.count:
+                return rc
+            time.sleep(max(0.0, args.watch - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return rc  # the last report's answer
+
+
+def _status_once(args: argparse.Namespace, password: str, tls: Any, *, watching: bool) -> int:
+    from shardfleet import status
+
     store = _zk_store(args)
     try:
         if not store.connected:
-            if args.check:  # a check's answer, not a tool's failure
+            if args.check or watching:  # a check's (or a round's) answer, not a failure
                 print(f"CRITICAL ZooKeeper at {args.zk} is unreachable: the map cannot be read")
                 return 2
             raise ShardfleetError(f"ZooKeeper at {args.zk} is unreachable")
@@ -254,7 +281,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         store.close(timeout=2)
     print(json.dumps(report, indent=2) if args.json else status.render(report))
-    if args.check:
+    if args.check or watching:
         sev = {p["severity"] for p in report["problems"]}
         return 2 if status.CRITICAL in sev else 1 if status.WARNING in sev else 0
     return 0
@@ -338,6 +365,16 @@ def _tls(args: argparse.Namespace) -> Any:
     if tls.enabled:
         tls.context  # noqa: B018 - refuses an unreadable or bad certificate file now
     return tls
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return seconds
 
 
 def _zk_args(p: argparse.ArgumentParser) -> None:
@@ -517,6 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--check", action="store_true", help="exit as a Nagios check: 0 when "
                     "the servers agree with the map, 1 on warnings, 2 on a critical problem")
+    st.add_argument("--watch", type=_positive_seconds, metavar="SECONDS",
+                    help="print the report again every SECONDS until Ctrl-C (the exit "
+                    "code, as --check's, is the last report's)")
+    st.add_argument("--count", type=int, default=0, metavar="N",
+                    help="with --watch: stop after N reports")
     st.set_defaults(func=cmd_status)
 
     ex = sub.add_parser("exporter", help="serve the fleet's Prometheus metrics (map, ranges, "

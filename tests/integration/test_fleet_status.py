@@ -8,9 +8,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -80,7 +82,8 @@ def fleet(tmp_path, zookeeper, status_pair):
         "zookeeper_admin_password": "{{ vault_zookeeper_admin_password }}",
         "shardfleet_fleet_label": "statustest"}))
     (inv / "group_vars" / "all" / "vault.yml").write_text(yaml.safe_dump(VAULT))
-    return {"inventory": inv, "a": a, "b": b, "profiles": tmp_path / "profiles"}
+    return {"inventory": inv, "a": a, "b": b, "profiles": tmp_path / "profiles",
+            "cluster": cluster}
 
 
 def _smoke_module():
@@ -262,3 +265,55 @@ def test_the_exporter_serves_the_fleet_and_sees_a_second_writable_node(fleet, zo
         httpd.shutdown()
         httpd.server_close()
         store.close()
+
+
+def test_status_watch_shows_a_change_in_the_next_round_and_stops_on_ctrl_c(fleet, zookeeper):
+    """`shardfleet status --watch` on the real pair: a standby made writable between two
+    rounds is a CRITICAL problem in the next round, and gone again once it is read-only;
+    Ctrl-C ends the watch with the last report's code (0: the pair agrees with the map)."""
+    b = fleet["b"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLEET_MYSQL_")}
+    env["SHARDFLEET_MYSQL_PASSWORD"] = MariaDBServer.root_password
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "shardfleet"), "status", "--zk", zookeeper.address,
+         "--cluster", fleet["cluster"], "--user", "root", "--no-sizes", "--watch", "0.3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rounds: list[str] = []  # the whole reports, in order (rounds[i] is report i + 1)
+    reading: list[list[str]] = []  # the report being read, once its header came
+    deadline = time.monotonic() + 240
+
+    def until(n: int) -> None:
+        """Read until report n has started, so that reports 1 to n - 1 are whole."""
+        assert proc.stdout is not None
+        while len(rounds) + len(reading) < n:
+            assert time.monotonic() < deadline, f"the watch is slow: {rounds[-1:]}"
+            line = proc.stdout.readline()
+            assert line, "the watch ended on its own"
+            if line.startswith("# ") and line.endswith(" every 0.3s (Ctrl-C stops)\n"):
+                if reading:
+                    rounds.append("".join(reading.pop()))
+                reading.append([])
+            elif reading:
+                reading[0].append(line)
+
+    try:
+        until(2)  # report 1 is whole
+        assert "two writable nodes" not in flat(rounds[0]), rounds[0]
+        b.sql("SET GLOBAL read_only = OFF")
+        try:
+            changed_at = len(rounds) + 1  # the report running now may or may not see it
+            until(changed_at + 2)
+            seen = flat(rounds[changed_at])
+            assert f"two writable nodes: standby {b.address}" in seen, seen
+        finally:
+            b.sql("SET GLOBAL read_only = ON")
+        fixed_at = len(rounds) + 1
+        until(fixed_at + 2)
+        assert "two writable nodes" not in flat(rounds[fixed_at]), rounds[fixed_at]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, (out[-2000:], err)
+    assert "Traceback" not in err and MariaDBServer.root_password not in out + err

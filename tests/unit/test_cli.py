@@ -151,3 +151,55 @@ def test_tls_option_errors_are_usage_errors(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("SHARDFLEET_MYSQL_CHECK_HOSTNAME")
     rc, _, err = run(capsys, "status", "--client-key", str(tmp_path / "k.pem"))
     assert rc == 2 and "client_key is given without client_cert" in err, err
+
+
+def test_status_watch_reports_every_round_and_keeps_watching_without_zookeeper(capsys):
+    """--watch prints a report every SECONDS; a round whose ZooKeeper does not answer is
+    a CRITICAL line, not the end of the watch; --count stops it; the exit code is the
+    last report's, as --check's."""
+    zk = f"127.0.0.1:{free_port()}"
+    rc, out, err = run(capsys, "status", "--zk", zk, "--timeout", "0.3", "--watch", "0.1",
+                       "--count", "3")
+    assert rc == 2 and err == "", err
+    assert out.count(" every 0.1s (Ctrl-C stops)\n") == 3, out
+    assert out.count(f"CRITICAL ZooKeeper at {zk} is unreachable") == 3, out
+    assert "\033[" not in out  # the screen is cleared on a terminal only
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--watch", "0"], "'0' is not a number of seconds above 0"),
+    (["--watch", "-1"], "'-1' is not a number of seconds above 0"),
+    (["--watch", "soon"], "'soon' is not a number of seconds above 0"),
+    (["--watch", "inf"], "'inf' is not a number of seconds above 0"),
+    (["--count", "2"], "--count takes a number of reports (0 or more), with --watch"),
+    (["--watch", "1", "--count", "-1"], "--count takes a number of reports")])
+def test_status_watch_options_are_checked(capsys, argv, says):
+    rc, out, err = run(capsys, "status", "--zk", f"127.0.0.1:{free_port()}", *argv)
+    assert rc == 2 and out == "" and says in err, (argv, out, err)
+
+
+def test_status_watch_stops_on_ctrl_c_with_the_last_reports_code():
+    """Ctrl-C (SIGINT) between rounds ends the watch quietly: no traceback, no
+    'interrupted' error, the exit code of the last report."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardfleet.cli", "status", "--zk", f"127.0.0.1:{free_port()}",
+         "--timeout", "0.3", "--watch", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        seen = 0
+        deadline = time.monotonic() + 60
+        while seen < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "the watch ended on its own"
+            seen += line.startswith("CRITICAL ZooKeeper")
+        assert seen == 2
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, (out, err)
+    assert err == "", err
