@@ -28,6 +28,7 @@ FLEET_PACKAGES=(
   redis-server                                    # roles/redis
   memcached                                       # roles/memcached
   python3-yaml                                    # roles/shards (the shardfleet library)
+  python3-boto3 zstd                              # playbooks/backup.yml, restore.yml (S3)
 )
 # Services those packages enable; disabled in the image (the roles enable their own).
 FLEET_SERVICES=(mariadb.service redis-server.service memcached.service)
