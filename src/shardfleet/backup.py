@@ -841,9 +841,11 @@ def replay(s3: Any, loc: Location, *, node: str, start: str, client_argv: list[s
     """Apply *node*'s archived binary logs from GTID position *start* (a restored
     backup's) up to *stop_gtid* or *stop_datetime* (server-local time,
     ``YYYY-MM-DD HH:MM:SS``) to the server *client_argv* (a ``mariadb`` client command)
-    reaches: ``mariadb-binlog --start-position=START --stop-...`` piped into it. Then
-    ``gtid_slave_pos`` is the position reached. Nothing stops the replay at a position
-    the archive does not reach yet: the result says where it ended."""
+    reaches: ``mariadb-binlog --start-position=START --stop-position=STOP`` piped into it,
+    both reduced to the domains that move (``moving_domains``); a time is first turned
+    into the position the archive holds at that time. Then ``gtid_slave_pos`` is the
+    position reached. Nothing stops the replay at a position the archive does not reach
+    yet: the result says where it ended."""
     if bool(stop_gtid) == bool(stop_datetime):
         raise ShardfleetError("replay: give exactly one of stop_gtid and stop_datetime")
     root = binlog_root(loc, node)
@@ -853,22 +855,13 @@ def replay(s3: Any, loc: Location, *, node: str, start: str, client_argv: list[s
     with tempfile.TemporaryDirectory(dir=workdir, prefix="sf-binlogs-") as tmp:
         for n in names:
             s3.download_file(loc.bucket, root + n, os.path.join(tmp, n))
-        argv = [physical._tool("mariadb-binlog", "mysqlbinlog"), f"--start-position={start}"]
-        argv.append(f"--stop-position={stop_gtid}" if stop_gtid
-                    else f"--stop-datetime={stop_datetime}")
-        argv += [os.path.join(tmp, n) for n in names]
-        with tempfile.TemporaryFile() as err:
-            dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
-            apply = subprocess.run(client_argv, stdin=dump.stdout, stdout=subprocess.DEVNULL,
-                                   stderr=err, check=False)
-            assert dump.stdout is not None
-            dump.stdout.close()
-            code = dump.wait()
-            if code or apply.returncode:
-                err.seek(0)
-                raise RestoreFailed(f"replaying the binary logs of {node} failed (exit "
-                                    f"{code}, {apply.returncode}): "
-                                    f"{err.read().decode(errors='replace')[-800:]}")
+        tool = physical._tool("mariadb-binlog", "mysqlbinlog")
+        files = [os.path.join(tmp, n) for n in names]
+        if stop_datetime:  # the position the archive holds at that time
+            stop_gtid = _position_at(tool, files, stop_datetime, node)
+        begin, end = moving_domains(start, stop_gtid)
+        if end:  # else nothing after the backup's position up to the stop
+            _apply(tool, begin, end, files, client_argv, node)
     conn = connect()
     try:
         with conn.cursor() as c:
@@ -880,6 +873,65 @@ def replay(s3: Any, loc: Location, *, node: str, start: str, client_argv: list[s
     finally:
         conn.close()
     return {"files": names, "position": reached}
+
+
+def moving_domains(start: str, stop: str) -> tuple[str, str]:
+    """(start, stop) for ``mariadb-binlog``, reduced to the GTID domains in which *stop*
+    is past *start*. mariadb-binlog fails a replay whose start or stop names a domain
+    with no event after the start ("Binary logs never reached expected GTID state"): a
+    former master's domain, after a promotion, is one. A domain new since *start* starts
+    at sequence 0. A stop before the start in any domain fails (RestoreFailed), nothing replayed."""
+    have, want = replication.parse_gtids(start), replication.parse_gtids(stop)
+    behind = sorted(d for d, (_, seq) in want.items() if d in have and seq < have[d][1])
+    if behind:
+        raise RestoreFailed(
+            f"the point in time ({stop}) is before the backup's position ({start}) in "
+            f"domain(s) {', '.join(map(str, behind))}: nothing was replayed (the node holds "
+            "the backup, read-only); restore an older backup (-e backup_id=...)")
+    moving = sorted(d for d, (_, seq) in want.items() if seq > have.get(d, (0, 0))[1])
+    begin = {d: have.get(d, (want[d][0], 0)) for d in moving}
+    return replication.format_gtids(begin), replication.format_gtids({d: want[d] for d in moving})
+
+
+_GTID_EVENT = re.compile(rb"^#\d{6}\s.*\sGTID (\d+)-(\d+)-(\d+)\b", re.M)
+
+
+def _position_at(tool: str, files: list[str], stop_datetime: str, node: str) -> str:
+    """The GTID position *files* (binary logs, oldest first) hold at *stop_datetime*:
+    the last GTID of each domain among the events before it."""
+    out: dict[int, tuple[int, int]] = {}
+    proc = subprocess.Popen([tool, f"--stop-datetime={stop_datetime}", *files],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        m = _GTID_EVENT.match(line)
+        if m:
+            d, srv, seq = (int(x) for x in m.groups())
+            if seq > out.get(d, (0, 0))[1]:
+                out[d] = (srv, seq)
+    err = proc.stderr.read() if proc.stderr else b""
+    if proc.wait():
+        raise RestoreFailed(f"reading the binary logs of {node} up to {stop_datetime} failed: "
+                            f"{err.decode(errors='replace')[-800:]}")
+    return replication.format_gtids(out)
+
+
+def _apply(tool: str, begin: str, end: str, files: list[str], client_argv: list[str],
+           node: str) -> None:
+    """``mariadb-binlog --start-position=BEGIN --stop-position=END FILES | client``."""
+    argv = [tool, f"--start-position={begin}", f"--stop-position={end}", *files]
+    with tempfile.TemporaryFile() as err:
+        dump = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+        apply = subprocess.run(client_argv, stdin=dump.stdout, stdout=subprocess.DEVNULL,
+                               stderr=err, check=False)
+        assert dump.stdout is not None
+        dump.stdout.close()
+        code = dump.wait()
+        if code or apply.returncode:
+            err.seek(0)
+            raise RestoreFailed(f"replaying the binary logs of {node} failed (exit "
+                                f"{code}, {apply.returncode}): "
+                                f"{err.read().decode(errors='replace')[-800:]}")
 
 
 def _merge(*positions: str) -> str:
