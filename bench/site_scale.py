@@ -99,6 +99,7 @@ class Fleet:
     logs: Path
     secrets: dict[str, str]
     steps: list[Step] = field(default_factory=list)
+    played: int = 0  # playbook runs so far (their logs' numbers)
     memory_mib: list[float] = field(default_factory=list)
 
     @property
@@ -120,7 +121,8 @@ class Fleet:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, check=False,
                                   timeout=PLAYBOOK_TIMEOUT)
-        (self.logs / f"{len(self.steps):02d}-{name}.log").write_text(proc.stdout)
+        (self.logs / f"{self.played:02d}-{name}.log").write_text(proc.stdout)
+        self.played += 1
         if check and proc.returncode != 0:
             raise SystemExit(f"{self.pairs} pairs: {playbook} {' '.join(args)} failed "
                              f"(rc {proc.returncode}):\n{proc.stdout[-3000:]}")
