@@ -254,8 +254,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             started = time.monotonic()
             if tty:
                 print("\033[H\033[2J", end="")  # the terminal's clear, as watch(1) does
-            print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} every {args.watch:g}s "
-                  f"(Ctrl-C stops)")
+            if not args.json:  # --json: one JSON document a round, nothing between them
+                print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} every {args.watch:g}s "
+                      f"(Ctrl-C stops)")
             rc = _status_once(args, password, tls, watching=True)
             sys.stdout.flush()
             rounds += 1
@@ -273,7 +274,9 @@ def _status_once(args: argparse.Namespace, password: str, tls: Any, *, watching:
     try:
         if not store.connected:
             if args.check or watching:  # a check's (or a round's) answer, not a failure
-                print(f"CRITICAL ZooKeeper at {args.zk} is unreachable: the map cannot be read")
+                text = f"ZooKeeper at {args.zk} is unreachable: the map cannot be read"
+                print(json.dumps({"problems": [{"severity": "critical", "text": text}]},
+                                 indent=2) if args.json else f"CRITICAL {text}")
                 return 2
             raise ShardfleetError(f"ZooKeeper at {args.zk} is unreachable")
         report = status.collect(store, args.user, password, sizes=not args.no_sizes,

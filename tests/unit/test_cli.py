@@ -203,3 +203,19 @@ def test_status_watch_stops_on_ctrl_c_with_the_last_reports_code():
         proc.kill()
     assert proc.returncode == 2, (out, err)
     assert err == "", err
+
+
+def test_status_watch_json_is_one_json_document_a_round(capsys):
+    """--watch --json: each round is a JSON document (the ZooKeeper problem too), with
+    no header line between them, so a consumer reads them one after another."""
+    rc, out, err = run(capsys, "status", "--zk", f"127.0.0.1:{free_port()}", "--timeout", "0.3",
+                       "--watch", "0.1", "--count", "2", "--json")
+    assert rc == 2 and err == "", err
+    docs, rest = [], out.strip()
+    while rest:
+        doc, end = json.JSONDecoder().raw_decode(rest)
+        docs.append(doc)
+        rest = rest[end:].strip()
+    assert len(docs) == 2, out
+    assert all(d["problems"][0]["severity"] == "critical" and "unreachable" in
+               d["problems"][0]["text"] for d in docs), docs
