@@ -19,18 +19,14 @@ through the control node). On a pair the map gives a standby:
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pymysql
 import pytest
 import yaml
 
@@ -40,17 +36,19 @@ from shardfleet.router import Router
 from shardfleet.shardmap import ShardRange
 from shardfleet.store import Store
 from shardfleet.testing.kit import Writer
-from tests.integration.test_promote import missing_ids
+from tests.integration.s3_fixtures import KEYS, S3, moto_s3
 
-from .conftest import BIN, E2E_VARS, PREFIX_TO, REPO, Fleet
+from .conftest import E2E_VARS, PREFIX_TO, REPO, Fleet
+from .test_zz_promote import _admin, _check_acked, _one
+from .test_zz_split import _play as _play_on
+from .test_zzz_promote_faults import _read_only, _zk
 
 pytestmark = pytest.mark.e2e
-KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 FRESH_PAIR = "pair006"  # after the split test's pair003-pair005
 
 
 @pytest.fixture(scope="module")
-def s3_url(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def s3(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
     """moto's S3 on the fleet network's gateway address (this machine's side of the
     bridge), a free port there."""
     net = E2E_VARS["shardfleet_network"]
@@ -60,32 +58,8 @@ def s3_url(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
                 for s in (n.get("subnets") or [])] or _cni_gateways(p.stdout)
     gateway = next((g for g in gateways if g), None)
     assert gateway, f"podman network {net} has no gateway: {p.stdout[:2000]}"
-    with socket.socket() as s:
-        s.bind((gateway, 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("moto-e2e") / "moto_server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(BIN / "moto_server"), "-H", gateway, "-p", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=log.parent,
-                                env=dict(os.environ, **KEYS))
-    url = f"http://{gateway}:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"moto_server exited: {log.read_text()[-2000:]}"
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"moto_server does not answer on {url}"
-                time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with moto_s3(gateway, tmp_path_factory.mktemp("moto-e2e"), timeout=60) as server:
+        yield server
 
 
 def _cni_gateways(text: str) -> list[str]:
@@ -93,35 +67,9 @@ def _cni_gateways(text: str) -> list[str]:
     return re.findall(r'"gateway":\s*"([\d.]+)"', text)
 
 
-def _s3(url: str):  # noqa: ANN202
-    import boto3
-
-    return boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                        aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"])
-
-
-def _admin(fleet: Fleet, server: str) -> pymysql.connections.Connection:
-    host, _, port = server.rpartition(":")
-    return pymysql.connect(host=host, port=int(port), user="shardfleet_admin",
-                           password=fleet.secrets["vault_mysql_admin_password"],
-                           autocommit=True, connect_timeout=10, read_timeout=600)
-
-
-def _one(fleet: Fleet, server: str, sql: str) -> object:
-    conn = _admin(fleet, server)
-    try:
-        with conn.cursor() as c:
-            c.execute(sql)
-            row = c.fetchone()
-            return row[0] if row else None
-    finally:
-        conn.close()
-
-
 def _checksums(fleet: Fleet, server: str, shards: list[int]) -> dict[str, int]:
     """CHECKSUM TABLE of every shard table of *shards* on *server*."""
-    conn = _admin(fleet, server)
+    conn = _admin(fleet, server, timeout=10)
     try:
         with conn.cursor() as c:
             c.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
@@ -138,37 +86,23 @@ def _checksums(fleet: Fleet, server: str, shards: list[int]) -> dict[str, int]:
         conn.close()
 
 
-def _applied(fleet: Fleet, server: str, gtid: str, timeout: int = 180) -> None:
-    conn = _admin(fleet, server)
-    try:
-        with conn.cursor() as c:
-            c.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (gtid, timeout))
-            assert c.fetchone()[0] == 0, f"{server} did not apply {gtid}"
-    finally:
-        conn.close()
-
-
 def flat(out: str) -> str:
     """The output with its line breaks gone (the yaml result format folds long lines)."""
     return " ".join(out.split())
 
 
 def _play(fleet: Fleet, inventory: Path, playbook: str, *args: str) -> tuple[int, str]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    p = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "-e",
-                        f"@{fleet.extra_vars}", str(REPO / "playbooks" / playbook), *args],
-                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=1200, check=False)
+    """test_zz_split's run of a playbook on *inventory*; no password in its output."""
+    rc, out, _ = _play_on(fleet, inventory, REPO / "playbooks" / playbook, *args)
     for secret in fleet.secrets.values():
-        assert secret not in p.stdout, f"a password reached {playbook}'s output"
-    return p.returncode, p.stdout
+        assert secret not in out, f"a password reached {playbook}'s output"
+    return rc, out
 
 
 def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
-        fleet: Fleet, s3_url: str, tmp_path: Path) -> None:
+        fleet: Fleet, s3: S3, tmp_path: Path) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; see test_site"
-    zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
+    zk = _zk(fleet)
     mapstore = ZooKeeperMapStore(zk, "default")
     try:
         m = mapstore.read().map
@@ -189,8 +123,8 @@ def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
     shards = sorted(s for r in ranges[pair] for s in range(r.first, r.last + 1))
 
     bucket = "sf-e2e-backups"
-    _s3(s3_url).create_bucket(Bucket=bucket)
-    s3_args = ["-e", f"backup_s3_bucket={bucket}", "-e", f"backup_s3_endpoint_url={s3_url}",
+    s3.client().create_bucket(Bucket=bucket)
+    s3_args = ["-e", f"backup_s3_bucket={bucket}", "-e", f"backup_s3_endpoint_url={s3.url}",
                "-e", f"backup_s3_access_key={KEYS['AWS_ACCESS_KEY_ID']}",
                "-e", f"backup_s3_secret_key={KEYS['AWS_SECRET_ACCESS_KEY']}", "-e", f"pair={pair}"]
     report: list[str] = []
@@ -219,7 +153,7 @@ def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
     assert made, out[-4000:]
     backup_id, node = made.group(1), made.group(2)
     assert node == standby, f"backed up {node}, the map's standby is {standby}"
-    keys = [o["Key"] for o in _s3(s3_url).list_objects_v2(Bucket=bucket).get("Contents", [])]
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert any(k.endswith(f"/{backup_id}/manifest.json") for k in keys), keys
     assert any("/binlogs/" in k for k in keys), f"the master's binlogs not archived: {keys}"
     report.append(f"backup.yml {seconds:.1f}s ({made.group(4)} bytes, mariadb-backup "
@@ -228,9 +162,9 @@ def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
     # -- 2. the point in time, one write after it, the logs archived ----------------------
     acked = w.acked
     at_point = _checksums(fleet, master, shards)
-    stop = str(_one(fleet, master, "SELECT @@GLOBAL.gtid_binlog_pos"))
     conn = _admin(fleet, master)
     try:
+        stop = str(_one(conn, "SELECT @@GLOBAL.gtid_binlog_pos"))
         with conn.cursor() as c:
             c.execute(f"INSERT INTO db{shards[0]:05d}.pins (body) VALUES "
                       "('{\"after the point\": true}')")
@@ -259,22 +193,21 @@ def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
     report.append(f"restore.yml onto 2 fresh containers, replayed to {stop}: {seconds:.1f}s")
     for host, hv in fresh.items():
         server = f"{hv['shardfleet_container_ip']}:3306"
-        assert _one(fleet, server, "SELECT @@GLOBAL.read_only") == 1, f"{host} is writable"
+        assert _read_only(fleet, server) == 1, f"{host} is writable"
         got = _checksums(fleet, server, shards)
         differ = sorted(t for t in at_point if got.get(t) != at_point[t])
         assert not differ and set(got) == set(at_point), \
             f"{host}: {len(differ)} of {len(at_point)} tables differ from the point: {differ[:5]}"
+        _check_acked(fleet, server, acked)
         conn = _admin(fleet, server)
         try:
-            lost = missing_ids(conn, acked)
             with conn.cursor() as c:
                 c.execute(f"SELECT COUNT(*) FROM db{shards[0]:05d}.pins WHERE local_id = %s",
                           (after,))
                 assert c.fetchone()[0] == 0, f"{host}: the write after the point was replayed"
         finally:
             conn.close()
-        assert lost == [], f"{host}: {len(lost)} acknowledged writes missing: {lost[:5]}"
     # the master was never backed up, and still serves
-    assert _one(fleet, master, "SELECT @@GLOBAL.read_only") == 0
+    assert _read_only(fleet, master) == 0
     assert ids.shard_of(acked[0]) in shards
     print("\n" + "\n".join(report))

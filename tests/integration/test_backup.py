@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -435,8 +436,6 @@ def test_point_in_time_restore_when_a_domain_did_not_move_after_the_backup(
     fails a replay whose start or stop names such a domain ('Binary logs never reached
     expected GTID state of 99-99-1'), so the replay passes only the domains that move;
     a time is turned into the position the archive holds at that time."""
-    import time
-
     master, standby = roles(pair)
     conn = master.connect()
     try:

@@ -3,8 +3,10 @@ holes, one-line errors and the exit codes (2 usage, 1 runtime)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,9 +183,6 @@ def test_status_watch_options_are_checked(capsys, argv, says):
 def test_status_watch_stops_on_ctrl_c_with_the_last_reports_code():
     """Ctrl-C (SIGINT) between rounds ends the watch quietly: no traceback, no
     'interrupted' error, the exit code of the last report."""
-    import signal
-    import time
-
     proc = subprocess.Popen(
         [sys.executable, "-m", "shardfleet.cli", "status", "--zk", f"127.0.0.1:{free_port()}",
          "--timeout", "0.3", "--watch", "0.2"],
