@@ -216,6 +216,9 @@ class StepResult:
     msg: str
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    # the operation stops after this step, waiting for work done outside the library
+    # (a physical copy between nodes: details say which); its next run continues it
+    waits: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "changed": self.changed, "msg": self.msg,
@@ -295,6 +298,8 @@ class Runner:
             log.info("%s: %s %s", self.name, s.name, res.msg)
             if self.after_step is not None and not check:
                 self.after_step(s.name)
+            if res.waits:
+                break
         return out
 
 

@@ -20,6 +20,7 @@ and the ``shard_copy`` module runs them on fleet nodes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -30,7 +31,7 @@ import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,21 +136,31 @@ def client_defaults(directory: str, user: str, password: str, tls: TLS | None = 
     return path
 
 
-def send(target: str, secret: str, argv: list[str], *, compress: bool = False,
+def send(target: str | Sequence[str], secret: str, argv: list[str], *, compress: bool = False,
          connect_timeout: float = 60.0, reply_timeout: float = 3600.0) -> Sent:
     """Run *argv* (a streaming backup) and send its output to the receiver at *target*
-    (``host:port``). The receiver may still be starting: connecting is retried until
-    *connect_timeout*. Returns once the receiver confirmed it extracted everything."""
-    host, _, port = target.rpartition(":")
+    (``host:port``), or to each of several receivers at once (one backup, the same bytes
+    to every one: copies at one GTID position, as a split's new pair needs). A receiver
+    may still be starting: connecting is retried until *connect_timeout*. Returns once
+    every receiver confirmed it extracted everything; one that did not fails the send
+    (the others keep what they extracted, unused until installed)."""
+    targets = [target] if isinstance(target, str) else list(target)
+    if not targets:
+        raise CopyFailed("no receiver to send the copy to")
     _raise_open_files()
     t0 = time.monotonic()
-    sock = _connect_retrying(host.strip("[]"), int(port), connect_timeout)
-    with sock, tempfile.TemporaryFile() as err:
-        sock.settimeout(reply_timeout)
-        challenge = _recv_exact(sock, len(MAGIC) + 32)
-        if not challenge.startswith(MAGIC):
-            raise CopyFailed(f"{target} is not a shardfleet copy receiver")
-        sock.sendall(_proof(secret, challenge[len(MAGIC):]) + (b"z" if compress else b"-"))
+    socks: list[socket.socket] = []
+    with contextlib.ExitStack() as stack, tempfile.TemporaryFile() as err:
+        for t in targets:
+            host, _, port = t.rpartition(":")
+            sock = stack.enter_context(
+                _connect_retrying(host.strip("[]"), int(port), connect_timeout))
+            sock.settimeout(reply_timeout)
+            challenge = _recv_exact(sock, len(MAGIC) + 32)
+            if not challenge.startswith(MAGIC):
+                raise CopyFailed(f"{t} is not a shardfleet copy receiver")
+            sock.sendall(_proof(secret, challenge[len(MAGIC):]) + (b"z" if compress else b"-"))
+            socks.append(sock)
         procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err,
                                   stdin=subprocess.DEVNULL)]
         if compress:
@@ -159,22 +170,26 @@ def send(target: str, secret: str, argv: list[str], *, compress: bool = False,
             procs[0].stdout.close()  # type: ignore[union-attr]
         sent = 0
         try:
-            sent = _pump_frames(procs[-1].stdout, sock)  # type: ignore[arg-type]
+            sent = _pump_frames(procs[-1].stdout, socks)  # type: ignore[arg-type]
         except OSError as exc:
             for p in procs:
                 p.kill()
-            raise CopyFailed(f"sending to {target} failed after {sent} bytes: {exc}") from None
+            raise CopyFailed(f"sending to {', '.join(targets)} failed after {sent} bytes: "
+                             f"{exc}") from None
         finally:
             codes = [p.wait() for p in procs]
         if any(codes):
-            sock.sendall(struct.pack(">I", 0xFFFFFFFF))  # abort: the receiver keeps nothing
+            for sock in socks:  # abort: the receivers keep nothing
+                sock.sendall(struct.pack(">I", 0xFFFFFFFF))
             err.seek(0)
             raise CopyFailed(f"mariadb-backup failed (exit {codes}): "
                              f"{err.read().decode(errors='replace')[-800:]}")
-        sock.sendall(struct.pack(">I", 0))
-        reply = _read_line(sock)
-        if not reply.startswith("OK "):
-            raise CopyFailed(f"{target} did not take the copy: {reply or 'no answer'}")
+        for sock in socks:
+            sock.sendall(struct.pack(">I", 0))
+        for t, sock in zip(targets, socks, strict=True):
+            reply = _read_line(sock)
+            if not reply.startswith("OK "):
+                raise CopyFailed(f"{t} did not take the copy: {reply or 'no answer'}")
         return Sent(bytes=sent, seconds=time.monotonic() - t0)
 
 
@@ -231,13 +246,15 @@ def _connect_retrying(host: str, port: int, timeout: float) -> socket.socket:
             time.sleep(0.2)
 
 
-def _pump_frames(src: IO[bytes], sock: socket.socket) -> int:
+def _pump_frames(src: IO[bytes], socks: Sequence[socket.socket]) -> int:
     total = 0
     while True:
         chunk = src.read1(FRAME) if hasattr(src, "read1") else src.read(FRAME)
         if not chunk:
             return total
-        sock.sendall(struct.pack(">I", len(chunk)) + chunk)
+        frame = struct.pack(">I", len(chunk)) + chunk
+        for sock in socks:
+            sock.sendall(frame)
         total += len(chunk)
 
 

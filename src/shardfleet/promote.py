@@ -311,7 +311,7 @@ def _channel_record(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_only(conn: Any) -> bool:
-    return bool(int(topology.scalar(conn, "SELECT @@GLOBAL.read_only")))
+    return replication.is_read_only(conn)
 
 
 def _server_id(conn: Any) -> int:

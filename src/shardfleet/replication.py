@@ -136,9 +136,14 @@ def heard(channel: dict[str, Any] | None) -> tuple[Any, ...] | None:
             channel.get("Slave_received_heartbeats"), channel.get("Gtid_IO_Pos"))
 
 
+def is_read_only(conn: Any) -> bool:
+    """Whether *conn*'s server has global read_only on."""
+    return bool(int(topology.scalar(conn, "SELECT @@GLOBAL.read_only")))
+
+
 def set_read_only(conn: Any, on: bool) -> bool:
     """Set global read_only; returns True when it changed."""
-    cur = bool(int(topology.scalar(conn, "SELECT @@GLOBAL.read_only")))
+    cur = is_read_only(conn)
     if cur == on:
         return False
     with conn.cursor() as c:

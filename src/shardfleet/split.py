@@ -60,6 +60,7 @@ from shardfleet.tls import TLS
 log = logging.getLogger(__name__)
 
 STEPS = ("check", "clone", "replicate", "cutover", "cleanup")
+CLONE_METHODS = ("logical", "physical")
 # Journal ``step`` values in the order a split reaches them ("aborted" restarts).
 PROGRESS = {"started": 0, "clone": 1, "replicate": 2, "cutover": 3, "cleanup": 4}
 WRITE_PRIVILEGES = ("Insert_priv", "Update_priv", "Delete_priv")
@@ -123,13 +124,19 @@ class Split:
     * ``clone_parallel`` (1) — connections the clone copies over, all in one snapshot
       (``docs/runbooks/split.md`` says how the default was chosen: more gained nothing
       where the control node's CPU is the limit).
+    * ``clone`` ("logical") — ``physical``: the clone is a ``mariadb-backup`` copy of a
+      source node onto both target nodes (:mod:`shardfleet.physical`, made between the
+      nodes by the caller; see :meth:`clone`), ``copy_position`` / ``copy_id`` /
+      ``copy_stats`` saying what it installed.
     """
 
     def __init__(self, store: ZooKeeperMapStore, spec: SplitSpec, creds: Credentials, *,
                  schema: Schema | None = None, catchup_timeout: float = 600.0,
                  cutover_timeout: float = 5.0, drain_timeout: float = 2.0,
                  lock_timeout: float = 5.0, connect_timeout: float = 10.0,
-                 tls: TLS | None = None, clone_parallel: int = 1) -> None:
+                 tls: TLS | None = None, clone_parallel: int = 1, clone: str = "logical",
+                 copy_position: str = "", copy_id: str = "",
+                 copy_stats: dict[str, Any] | None = None) -> None:
         if spec.source == spec.target:
             raise SplitError(f"source and target are the same server {spec.source}")
         self.store = store
@@ -143,6 +150,18 @@ class Split:
         self.connect_timeout = connect_timeout
         self.tls = tls
         self.clone_parallel = max(1, int(clone_parallel))
+        if clone not in CLONE_METHODS:
+            raise SplitError(f"clone must be one of {', '.join(CLONE_METHODS)}, not {clone!r}")
+        if clone == "physical" and not spec.target_standby:
+            raise SplitError("a physical clone copies onto both nodes of the target pair: "
+                             "give the target's standby (target_standby)")
+        self.clone_method = clone
+        # the mysql role's mysql_replication_connect_retry (a target pair's channels that a
+        # physical copy replaced are made again with what they had, else this)
+        self.pair_connect_retry = 10
+        self.copy_position = copy_position
+        self.copy_id = copy_id
+        self.copy_stats = dict(copy_stats or {})
         self._conns: dict[str, Any] = {}
         self.moving: tuple[int, int] = (0, 0)
         self.original: ShardRange | None = None
@@ -323,6 +342,10 @@ class Split:
         # ... and empty, or holding this split's own earlier copies
         have = self._shard_dbs(self.spec.target)
         mine_ok = set(self.databases) if done >= PROGRESS["started"] else set()
+        if done >= PROGRESS["started"] and (data or {}).get("copy"):
+            # a physical copy of the source named by this split may be installed and not
+            # yet attached: every shard database the source node held is there
+            mine_ok |= have
         foreign = sorted(have - mine_ok)
         if foreign:
             problems.append(f"target {self.spec.target} is not empty: it holds "
@@ -415,6 +438,8 @@ class Split:
         if self.progress(data) >= PROGRESS["clone"]:
             return StepResult("clone", False,
                               f"already cloned at GTID {data and data.get('clone_gtid')}")
+        if self.clone_method == "physical":
+            return self._clone_physical(t0)
         if self.progress(data) < 0:
             self._record("started")
         data = self.journal.data if self.journal else None
@@ -451,6 +476,136 @@ class Split:
                           f"of {len(todo_dbs)} shard(s) at GTID {gtid}{kept_note}",
                           time.monotonic() - t0, {"clone_gtid": res["clone_gtid"],
                                                   "rows": rows})
+
+    # -- clone, physical ------------------------------------------------------
+    def _clone_physical(self, t0: float) -> StepResult:
+        """The Jetpants way: a physical copy of a source node onto both target nodes, then
+        the shards the target does not take dropped there.
+
+        Without ``copy_position`` (the first call): names the copy to make (a new
+        ``copy_id`` each time, in the journal's ``copy``) and stops there
+        (``StepResult.waits``): the caller streams one ``mariadb-backup`` of
+        ``copy["source"]`` to both ``copy["targets"]`` at once (one backup, so one GTID
+        position), each node preparing it and installing it in place of its data
+        directory (``shard_copy``; ``split.yml`` does it), then runs the split again with
+        the copy's position and id.
+
+        With them, the copy is attached (:meth:`_attach_copy`)."""
+        data = self.journal.data if self.journal else None
+        if self.progress(data) < 0:
+            self._record("started")
+        if not self.copy_position:
+            return self._name_copy(t0)
+        return self._attach_copy(t0)
+
+    def _copy_source(self) -> str:
+        """The node a physical clone copies: the source range's standby per the map (the
+        master's disks and buffer pool stay the application's), else the master (no
+        standby, or the map marks it for rebuild)."""
+        r = self.original
+        assert r is not None
+        if r.standby and r.extra.get("rebuild") != r.standby:
+            return r.standby
+        return r.master
+
+    def _name_copy(self, t0: float) -> StepResult:
+        import secrets
+
+        src = self._copy_source()
+        targets = [self.spec.target, str(self.spec.target_standby)]
+        copy = {"source": src, "targets": targets, "copy_id": secrets.token_hex(6),
+                "bytes_estimated": self._estimate(self.conn(src),
+                                                  sorted(self._shard_dbs(src)))["bytes"]}
+        retry = [int(r.get("Connect_Retry") or 0) for r in topology.dict_rows(
+            self.conn(targets[0]), "SHOW ALL SLAVES STATUS") if not r.get("Connection_name")]
+        self._note(clone_method="physical", copy=copy, copy_attaching=None,
+                   target_connect_retry=(retry or [self.pair_connect_retry])[0],
+                   clone_progress={"phase": "copying", "copy_id": copy["copy_id"],
+                                   "bytes_estimated": copy["bytes_estimated"],
+                                   "started_at": round(time.time(), 3)})
+        return StepResult("clone", True, f"copy {src}'s data directory to {targets[0]} and "
+                          f"{targets[1]} (physical, ~{copy['bytes_estimated']} bytes of "
+                          "InnoDB data), then run the split again with the copy's GTID "
+                          "position", time.monotonic() - t0, {"copy": copy}, waits=True)
+
+    def _attach_copy(self, t0: float) -> StepResult:
+        """Both target nodes run on the copy named *copy_id*, installed at
+        ``copy_position``: make them this split's target pair.
+
+        Refused, nothing changed, when no copy was named, when another run named a newer
+        copy since, when this copy's attach was begun by an earlier run (the target pair
+        may have moved past its position: attaching again would rewind it; a rerun of
+        the split makes a new copy), or when a node does not hold the moving databases
+        or is writable. Then, on both nodes: replication stopped and its channels removed
+        (the source node's, carried by the copy), the shard databases outside the moving
+        range dropped (not binlogged), the binlog history reset to the copy's position;
+        the pair replicates both ways from it, the split's channel from the source's
+        master starts at it, and the pair is checked to replicate both ways."""
+        assert self.journal is not None and self.journal.data is not None
+        data = self.journal.data
+        copy = dict(data.get("copy") or {})
+        named = str(copy.get("copy_id") or "")
+        pos = self.copy_position
+        if not named:
+            raise SplitError("no physical copy was named for this split: run it without "
+                             "copy_position first (that names the copy to make); nothing "
+                             "changed")
+        if self.copy_id and self.copy_id != named:
+            raise SplitError(f"another run of this split named a newer copy ({named}) after "
+                             f"this run's ({self.copy_id}): the target may run on that one, "
+                             "at another position; nothing changed. Run the split again "
+                             "alone (it makes a new copy)")
+        if data.get("copy_attaching") == named:
+            raise SplitError(f"the attach of copy {named} was begun by an earlier run and cut "
+                             "short: the target pair may have moved past the copy's position; "
+                             "nothing changed. Run the split again (it makes a new copy)")
+        nodes = [self.spec.target, str(self.spec.target_standby)]
+        for n in nodes:
+            missing = sorted(set(self.databases) - self._shard_dbs(n))
+            if missing:
+                raise SplitError(f"{n} lacks {len(missing)} moving shard database(s) "
+                                 f"({_few(missing)}): it does not run on the copy of "
+                                 f"{copy.get('source')}; nothing changed. Run the split again "
+                                 "(it makes the copy first)")
+            if not replication.is_read_only(self.conn(n)):
+                raise SplitError(f"{n} is writable: a node that runs on a fresh copy boots "
+                                 "read_only, so this is not the copy; nothing changed")
+        self._note(copy_attaching=named)
+        dropped = 0
+        for n in nodes:
+            c = self.conn(n)
+            for ch in topology.dict_rows(c, "SHOW ALL SLAVES STATUS"):
+                name = str(ch.get("Connection_name") or "")
+                self._exec(n, replication.slave_sql("STOP", name))
+                self._exec(n, replication.slave_sql("RESET", name, "ALL"))
+            stray = sorted(self._shard_dbs(n) - set(self.databases))
+            self._exec(n, "SET SESSION sql_log_bin = 0")
+            try:
+                provision.apply_drop(c, stray, app_user=self.creds.app_user,
+                                     app_host=self.creds.app_host)
+            finally:
+                self._exec(n, "SET SESSION sql_log_bin = 1")
+            dropped += len(stray)
+            self._exec(n, "RESET MASTER")
+            self._exec(n, "SET GLOBAL gtid_binlog_state = %s", (pos,))
+            self._exec(n, "SET GLOBAL gtid_slave_pos = %s", (pos,))
+        self._pair_up(nodes)
+        self._create_channel(pos)
+        problems = self._pair_health()
+        if problems:
+            raise SplitError(f"the target pair does not replicate both ways after the copy "
+                             f"was attached: {'; '.join(problems)}")
+        took = time.monotonic() - t0
+        stats = {k: self.copy_stats[k] for k in ("bytes", "seconds") if k in self.copy_stats}
+        self._note(clone_progress={"phase": "attached", "copy_id": named, **stats})
+        res = self._record("clone", clone_gtid=pos, clone_method="physical",
+                           copy_source=copy.get("source"), copy_bytes=stats.get("bytes"),
+                           copy_seconds=stats.get("seconds"), dropped_on_target=dropped,
+                           clone_seconds=round(took, 3))
+        return StepResult("clone", True, f"attached the physical copy of {copy.get('source')} "
+                          f"at GTID {pos} on {nodes[0]} and {nodes[1]} (dropped {dropped} "
+                          "shard database(s) the target does not take)", took,
+                          {"clone_gtid": res["clone_gtid"], "copy": copy})
 
     def _snapshots(self, src: str, n: int) -> tuple[list[Any], str]:
         """*n* connections to *src* in one consistent snapshot, and its GTID position.
@@ -1172,9 +1327,12 @@ class Split:
         removed = self._remove_channel()
         unfenced = self._set_fence(False)
         restored = self._thaw()
-        copies = sorted(self._shard_dbs(self.spec.target) & set(self.databases))
-        provision.apply_drop(self.conn(self.spec.target), copies, app_user=self.creds.app_user,
-                             app_host=self.creds.app_host)
+        if data.get("copy") and self.spec.target_standby:
+            copies = self._empty_target_pair()
+        else:
+            copies = sorted(self._shard_dbs(self.spec.target) & set(self.databases))
+            provision.apply_drop(self.conn(self.spec.target), copies,
+                                 app_user=self.creds.app_user, app_host=self.creds.app_host)
         self._record("aborted", state="aborted")
         did = [w for w, yes in (("removed the replication", removed),
                                 (f"lifted the fence on {unfenced} grant(s)", unfenced),
@@ -1182,6 +1340,50 @@ class Split:
                                 (f"dropped {len(copies)} copies from the target", copies)) if yes]
         return StepResult("abort", True, "aborted: " + (", ".join(did) or "nothing to undo"),
                           time.monotonic() - t0)
+
+    def _empty_target_pair(self) -> list[str]:
+        """The abort of a physical clone: a copy of the source may be installed on either
+        target node, with or without the pair's replication (an attach resets it). Both
+        nodes are made an empty pair again: every shard database dropped on each (not
+        binlogged), binlog history and positions reset, replicating both ways (checked).
+        Returns the databases dropped on the target's master."""
+        nodes = [self.spec.target, str(self.spec.target_standby)]
+        dropped: list[str] = []
+        for n in nodes:
+            c = self.conn(n)
+            for ch in topology.dict_rows(c, "SHOW ALL SLAVES STATUS"):
+                name = str(ch.get("Connection_name") or "")
+                self._exec(n, replication.slave_sql("STOP", name))
+                self._exec(n, replication.slave_sql("RESET", name, "ALL"))
+            dbs = sorted(self._shard_dbs(n))
+            dropped = dropped or dbs
+            self._exec(n, "SET SESSION sql_log_bin = 0")
+            try:
+                provision.apply_drop(c, dbs, app_user=self.creds.app_user,
+                                     app_host=self.creds.app_host)
+            finally:
+                self._exec(n, "SET SESSION sql_log_bin = 1")
+            self._exec(n, "RESET MASTER")
+            self._exec(n, "SET GLOBAL gtid_slave_pos = ''")
+        self._pair_up(nodes)
+        problems = self._pair_health()
+        if problems:
+            raise SplitError("the target pair does not replicate both ways after the abort "
+                             f"emptied it: {'; '.join(problems)}")
+        return dropped
+
+    def _pair_up(self, nodes: Sequence[str]) -> None:
+        """The target pair's own replication, both ways, from each node's current
+        position (the default channel, as the ``mysql`` role makes it, with the connect
+        retry its channel had before the copy)."""
+        data = (self.journal.data if self.journal else None) or {}
+        retry = int(data.get("target_connect_retry") or self.pair_connect_retry)
+        for me, peer in ((nodes[0], nodes[1]), (nodes[1], nodes[0])):
+            host, _, port = peer.rpartition(":")
+            replication.change_master(self.conn(me), host.strip("[]"), int(port),
+                                      self.creds.repl_user, self.creds.repl_password,
+                                      connect_retry=retry)
+            self._exec(me, replication.slave_sql("START"))
 
     # -- driving -------------------------------------------------------------
     def run(self, step: str, *, cleanup: bool = False, check: bool = False

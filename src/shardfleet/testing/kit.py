@@ -104,6 +104,8 @@ class SplitFleet:
     zk_address: str
     cluster: str = ""
     store: ZooKeeperMapStore | None = None
+    # the source's standby (replicating from the source), named in the map when given
+    source_standby: MariaDBServer | None = None
 
     @property
     def creds(self) -> Credentials:
@@ -131,12 +133,15 @@ class SplitFleet:
         if source:
             self._reset_source()
         wait_pair_synced(self.target, self.standby)
+        if self.source_standby is not None:
+            wait_pair_synced(self.source, self.source_standby)
         self.cluster = "split" + uuid.uuid4().hex[:8]
         if self.store is not None:
             self.store.close()
         self.store = ZooKeeperMapStore(self.zk_address, self.cluster)
         self.store.write(ShardMap.from_ranges([
-            {"range": list(SOURCE_RANGE), "master": self.source.address, "standby": None,
+            {"range": list(SOURCE_RANGE), "master": self.source.address,
+             "standby": self.source_standby.address if self.source_standby else None,
              "state": "open"},
             {"range": [32, 47], "master": "10.255.255.1:3306", "standby": None,
              "state": "open"},

@@ -1,0 +1,260 @@
+"""The split's physical clone on real MariaDB host processes (a source pair and a target
+pair, GTID master-master) and ZooKeeper: the source's standby streamed with
+``mariadb-backup`` to both target nodes at once (one backup, one GTID position), the
+copy attached (the shards the target does not take dropped, the pair replicating both
+ways from the copy's position), then the split goes on as ever, under a bounded writer;
+a stale or half-attached copy refused, and abort after a copy."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardfleet import physical, provision
+from shardfleet.split import SplitError
+from shardfleet.testing import MariaDBServer
+from shardfleet.testing.kit import (
+    SplitFleet,
+    make_server,
+    pair_up,
+    rows,
+    verify,
+    wait_pair_synced,
+)
+
+from .test_split import ALL_SHARDS, MOVING, run_split_under_writer
+
+pytestmark = pytest.mark.skipif(shutil.which("mariadb-backup") is None,
+                                reason="mariadb-backup is not installed (make host-deps)")
+
+SOURCE_SHARDS = [f"db{s:05d}" for s in ALL_SHARDS]
+MOVING_DBS = [f"db{s:05d}" for s in range(MOVING[0], MOVING[1] + 1)]
+
+
+@pytest.fixture(scope="module")
+def physical_servers(tmp_path_factory):
+    base = tmp_path_factory.mktemp("split-physical")
+    sa, sb = make_server(base, 13), make_server(base, 14, "b")
+    pair_up(sa, sb)
+    # target nodes boot read_only, as the mysql role's do (a node on a fresh copy is one)
+    ta = make_server(base, 33, "a", extra=["--read-only=ON"])
+    tb = make_server(base, 34, "b", extra=["--read-only=ON"])
+    pair_up(ta, tb)
+    yield sa, sb, ta, tb
+    for s in (sa, sb, ta, tb):
+        s.stop(remove=True)
+
+
+@pytest.fixture
+def fleet(physical_servers, zookeeper):
+    sa, sb, ta, tb = physical_servers
+    f = SplitFleet(sa, ta, tb, zookeeper.address, source_standby=sb)
+    f.reset()
+    yield f
+    f.close()
+
+
+def servers(fleet: SplitFleet) -> dict[str, MariaDBServer]:
+    assert fleet.source_standby is not None
+    return {s.address: s for s in (fleet.source, fleet.source_standby, fleet.target,
+                                   fleet.standby)}
+
+
+def copy_physically(fleet: SplitFleet, copy: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What split.yml has shard_copy do on the nodes: one mariadb-backup of
+    ``copy["source"]`` streamed to a receiver on each of ``copy["targets"]``, each
+    prepared and installed in place of its node's data directory (the node restarted on
+    it). Returns the copy's position (the same on both) and the sender's figures."""
+    by = servers(fleet)
+    src = by[copy["source"]]
+    got: dict[str, Any] = {}
+    receivers = {}
+    for address in copy["targets"]:
+        receivers[address] = physical.Receiver("split-secret", bind="127.0.0.1")
+
+    def receive(address: str) -> None:
+        node = by[address]
+        incoming = str(Path(str(node.datadir) + ".incoming"))
+        try:
+            receivers[address].receive(incoming, timeout=120)
+            physical.prepare(incoming)
+            pos = physical.position(incoming)
+            physical.install(incoming, str(node.datadir), stop=node.stop, start=node.start)
+            got[address] = pos
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            got[address] = exc
+
+    threads = [threading.Thread(target=receive, args=(a,)) for a in copy["targets"]]
+    for t in threads:
+        t.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cnf = physical.client_defaults(tmp, "root", MariaDBServer.root_password)
+            argv = physical.backup_argv(defaults_file=cnf, datadir=str(src.datadir),
+                                        socket_path=str(src.socket), parallel=2)
+            sent = physical.send([f"127.0.0.1:{rx.port}" for rx in receivers.values()],
+                                 "split-secret", argv, connect_timeout=10, reply_timeout=120)
+    finally:
+        for t in threads:
+            t.join(180)
+        for rx in receivers.values():
+            rx.close()
+    positions = set(got.values())
+    assert len(positions) == 1 and all(isinstance(p, str) for p in positions), got
+    return positions.pop(), {"bytes": sent.bytes, "seconds": round(sent.seconds, 3)}
+
+
+def shard_dbs(server: MariaDBServer) -> set[str]:
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            return provision.existing_databases(cur)
+    finally:
+        conn.close()
+
+
+def journal(fleet: SplitFleet) -> dict[str, Any]:
+    with fleet.split() as sp:
+        sp.resolve()
+        return (sp.journal.load() if sp.journal else None) or {}
+
+
+def test_a_physical_split_under_live_writes_loses_nothing(fleet, tmp_path):
+    results: list[Any] = []
+    named: list[dict[str, Any]] = []
+
+    def go() -> None:
+        with fleet.split(clone="physical") as sp:
+            first = sp.run("all")
+        assert [r.step for r in first] == ["check", "clone"] and first[-1].waits, \
+            [r.to_dict() for r in first]
+        copy = first[-1].details["copy"]
+        named.append(copy)
+        pos, stats = copy_physically(fleet, copy)
+        with fleet.split(clone="physical", copy_position=pos, copy_id=copy["copy_id"],
+                         copy_stats=stats) as sp:
+            results.extend(sp.run("all"))
+
+    log = run_split_under_writer(fleet, tmp_path, [go], seconds=40.0)
+    assert fleet.source_standby is not None
+    assert named[0]["source"] == fleet.source_standby.address, \
+        "the copy was not taken from the source's standby"
+    assert named[0]["targets"] == [fleet.target.address, fleet.standby.address]
+    assert [r.step for r in results] == ["check", "clone", "replicate", "cutover"]
+    by = {r.step: r for r in results}
+    stall = by["cutover"].details["frozen_seconds"]
+    assert stall < 1.0, f"writes to the moving shards were held {stall:.3f} s (goal < 1 s)"
+    moving_errors = [e for e in log.errors if MOVING[0] <= e[0] <= MOVING[1]]
+    assert not moving_errors, f"the writer got errors for moving shards: {moving_errors[:3]}"
+    m = fleet.map()
+    moved = m.range_for(20)
+    assert (moved.bounds, moved.master, moved.standby) == (
+        MOVING, fleet.target.address, fleet.standby.address)
+    verify(fleet, log, MOVING)
+    # the target pair holds the moving shards and nothing else, the same on both nodes
+    for node in (fleet.target, fleet.standby):
+        assert shard_dbs(node) == set(MOVING_DBS), node.address
+    wait_pair_synced(fleet.target, fleet.standby)
+    wait_pair_synced(fleet.standby, fleet.target)
+    shards = list(range(MOVING[0], MOVING[1] + 1))
+    assert rows(fleet.standby, shards) == rows(fleet.target, shards)
+    j = journal(fleet)
+    assert j.get("clone_method") == "physical" and j.get("copy_bytes"), j
+    assert j["dropped_on_target"] == 2 * (len(SOURCE_SHARDS) - len(MOVING_DBS)), j
+    print(f"\nphysical split: copy {j['copy_bytes']} bytes in {j['copy_seconds']} s, "
+          f"attach {by['clone'].seconds:.2f} s, stall {stall * 1000:.0f} ms, "
+          f"{len(log.acked)} objects")
+
+
+def test_a_half_attached_or_superseded_copy_is_refused_and_a_new_copy_finishes(
+        fleet, tmp_path, monkeypatch):
+    """Kills inside the attach (here: a failure after the target's master was reset, before
+    its standby was) and a second run beside the first (a newer copy named): attaching the
+    old copy again is refused, nothing changed; a rerun from the start makes a new copy
+    and the split completes with nothing lost."""
+    outcome: dict[str, Any] = {}
+
+    def go() -> None:
+        with fleet.split(clone="physical") as sp:
+            old = sp.run("all")[-1].details["copy"]
+        pos, stats = copy_physically(fleet, old)
+        calls = []
+        real_drop = provision.apply_drop
+
+        def dies_on_the_second_node(conn: Any, dbs: Any, **kw: Any) -> int:
+            calls.append(len(dbs))
+            if len(calls) == 2:
+                raise OSError("killed inside the attach")
+            return real_drop(conn, dbs, **kw)
+
+        monkeypatch.setattr(provision, "apply_drop", dies_on_the_second_node)
+        with pytest.raises(OSError), fleet.split(clone="physical", copy_position=pos,
+                                                 copy_id=old["copy_id"]) as sp:
+            sp.run("all")
+        monkeypatch.undo()
+        with pytest.raises(SplitError) as half:
+            with fleet.split(clone="physical", copy_position=pos,
+                             copy_id=old["copy_id"]) as sp:
+                sp.run("all")
+        outcome["half"] = str(half.value)
+        # the rerun from the start names a new copy; the older one is refused after that
+        with fleet.split(clone="physical") as sp:
+            new = sp.run("all")[-1].details["copy"]
+        assert new["copy_id"] != old["copy_id"]
+        with pytest.raises(SplitError) as stale:
+            with fleet.split(clone="physical", copy_position=pos,
+                             copy_id=old["copy_id"]) as sp:
+                sp.run("all")
+        outcome["stale"] = str(stale.value)
+        assert fleet.map().range_for(20).master == fleet.source.address
+        pos, stats = copy_physically(fleet, new)
+        with fleet.split(clone="physical", copy_position=pos, copy_id=new["copy_id"],
+                         copy_stats=stats) as sp:
+            outcome["done"] = sp.run("all")
+
+    log = run_split_under_writer(fleet, tmp_path, [go], seconds=60.0)
+    assert "cut short" in outcome["half"] and "nothing changed" in outcome["half"], outcome
+    assert "newer copy" in outcome["stale"] and "nothing changed" in outcome["stale"], outcome
+    assert [r.step for r in outcome["done"]] == ["check", "clone", "replicate", "cutover"]
+    assert fleet.map().range_for(20).master == fleet.target.address
+    verify(fleet, log, MOVING)
+    for node in (fleet.target, fleet.standby):
+        assert shard_dbs(node) == set(MOVING_DBS), node.address
+    wait_pair_synced(fleet.target, fleet.standby)
+    wait_pair_synced(fleet.standby, fleet.target)
+    shards = list(range(MOVING[0], MOVING[1] + 1))
+    assert rows(fleet.standby, shards) == rows(fleet.target, shards)
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["copy-installed", "copy-attached"])
+def test_abort_after_a_physical_copy_leaves_an_empty_target_pair(fleet, attached):
+    with fleet.split(clone="physical") as sp:
+        copy = sp.run("all")[-1].details["copy"]
+    pos, _ = copy_physically(fleet, copy)
+    if attached:
+        with fleet.split(clone="physical", copy_position=pos, copy_id=copy["copy_id"]) as sp:
+            assert [r.step for r in sp.run("clone")] == ["check", "clone"]
+    before = fleet.map()
+    with fleet.split() as sp:
+        res = sp.run("abort")
+    assert res[-1].changed, res[-1].msg
+    assert fleet.map().ranges == before.ranges
+    for node in (fleet.target, fleet.standby):
+        assert shard_dbs(node) == set(), node.address
+        names = [r[0] for r in node.sql("SHOW ALL SLAVES STATUS")]
+        assert names == [""], f"{node.address} has channels {names}"
+    # the empty pair replicates both ways: a database made on each reaches the other
+    for me, peer in ((fleet.target, fleet.standby), (fleet.standby, fleet.target)):
+        me.sql("CREATE DATABASE probe_physical_abort")
+        wait_pair_synced(me, peer)
+        assert peer.sql("SHOW DATABASES LIKE 'probe_physical_abort'"), peer.address
+        me.sql("DROP DATABASE probe_physical_abort")
+        wait_pair_synced(me, peer)
+    # and a split onto it runs again
+    with fleet.split() as sp:
+        assert [r.step for r in sp.run("all")][-1] == "cutover"
