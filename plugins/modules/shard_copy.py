@@ -33,8 +33,12 @@ options:
     type: str
     required: true
   target:
-    description: I(mode=send) the receiver, C(host:port).
-    type: str
+    description:
+      - I(mode=send) the receiver, C(host:port), or a list of receivers.
+      - Several receivers get the same stream of one backup at once, so their copies are at
+        one GTID position (a split's physical clone copies onto both nodes of the new pair).
+    type: list
+    elements: str
   port:
     description: I(mode=receive) the TCP port to listen on (open it between the nodes only).
     type: int
@@ -152,13 +156,15 @@ def receive(module):
 
     # one copy into a node at a time, from the receive to the restart (a killed copy's
     # lock goes with its process)
-    with physical.copy_lock(p["datadir"]):
+    with physical.copy_lock(p["datadir"], wait=p["timeout"]) as mark:
         shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
         rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"])
         try:
-            got = rx.receive(incoming, timeout=p["timeout"])
+            got = rx.receive(incoming, timeout=p["timeout"],
+                             on_sender=lambda: mark("receiving"))
         finally:
             rx.close()
+        mark("installing")
         physical.prepare(incoming, use_memory=p["use_memory"])
         pos = physical.position(incoming)
         physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
@@ -171,10 +177,10 @@ def send(module):
 
     p = module.params
     if not p["target"]:
-        module.fail_json(msg="mode=send needs target (host:port of the receiver)")
+        module.fail_json(msg="mode=send needs target (host:port of each receiver)")
     if module.check_mode:
         module.exit_json(changed=False, msg=f"would stream a backup of {p['datadir']} to "
-                                            f"{p['target']}")
+                                            f"{', '.join(p['target'])}")
     with tempfile.TemporaryDirectory(prefix="sf-copy-") as tmp:
         cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
         argv = physical.backup_argv(defaults_file=cnf, datadir=p["datadir"],
@@ -189,7 +195,7 @@ def main():
         argument_spec=dict(
             mode=dict(type="str", required=True, choices=["send", "receive"]),
             secret=dict(type="str", required=True, no_log=True),
-            target=dict(type="str"),
+            target=dict(type="list", elements="str"),
             port=dict(type="int", default=4444),
             bind=dict(type="str", default="0.0.0.0"),
             datadir=dict(type="str", default="/var/lib/mysql"),

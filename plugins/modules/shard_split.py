@@ -107,6 +107,42 @@ options:
         network. See docs/runbooks/split.md.
     type: int
     default: 1
+  clone:
+    description:
+      - How the clone copies. C(logical) copies the moving shards' rows from one
+        consistent snapshot through this host (resumable database by database).
+      - C(physical) (the Jetpants way, for volume) copies a source node's data directory
+        with mariadb-backup onto both target nodes, node to node. The first run stops
+        after naming the copy (result C(copy)); the caller makes it with
+        M(shardfleet.fleet.shard_copy) (split.yml does), then runs the split again with
+        I(copy_position) and I(copy_id). Needs I(target_standby).
+      - C(auto) is C(physical) when the moving shards hold more than I(physical_above)
+        bytes of InnoDB data (and I(target_standby) is given), else C(logical); a split
+        in progress keeps the method it began with. See docs/runbooks/split.md.
+    type: str
+    choices: [logical, physical, auto]
+    default: logical
+  physical_above:
+    description: With I(clone=auto), the moving shards' InnoDB data size (bytes) above which
+      the copy is physical.
+    type: int
+    default: 1073741824
+  copy_position:
+    description: I(clone=physical), second run, the GTID position of the copy installed on
+      both target nodes (M(shardfleet.fleet.shard_copy) returns it).
+    type: str
+    default: ''
+  copy_id:
+    description: I(clone=physical), second run, the C(copy_id) the first run returned in
+      C(copy); a copy named since by another run is refused.
+    type: str
+    default: ''
+  copy_bytes:
+    description: The copy's size as sent, for the journal.
+    type: int
+  copy_seconds:
+    description: The copy's duration, for the journal.
+    type: float
   lock_timeout:
     description:
       - Seconds to wait for the source's and target's operation locks in ZooKeeper.
@@ -177,6 +213,16 @@ map_after:
   description: The map's ranges after the run, as a table.
   returned: always
   type: str
+copy:
+  description: The physical copy to make now (I(clone=physical), first run) - C(source)
+    (C(host:port) of the node to copy), C(targets) (both target nodes), C(copy_id),
+    C(bytes_estimated); empty when there is none to make.
+  returned: always
+  type: dict
+clone_method:
+  description: C(logical) or C(physical), as chosen (I(clone=auto) resolved).
+  returned: always
+  type: str
 changes:
   description: Readable list of range changes.
   returned: always
@@ -207,7 +253,7 @@ def run(module):
                         tuple(p["range"]) if p["range"] else None, p["name"])
     creds = sp.Credentials(p["login_user"], p["login_password"], p["replication_user"],
                            p["replication_password"], p["app_user"], p["app_host"])
-    result = dict(changed=False, steps=[], moving=[], journal={})
+    result = dict(changed=False, steps=[], moving=[], journal={}, copy={}, clone_method="")
     with library_errors(module, f"split {p['source']} -> {p['target']}", result):
         try:
             before = store.read().map
@@ -215,7 +261,11 @@ def run(module):
             with sp.Split(store, spec, creds, catchup_timeout=p["catchup_timeout"],
                           cutover_timeout=p["cutover_timeout"], drain_timeout=p["drain_timeout"],
                           connect_timeout=p["connect_timeout"],
-                          clone_parallel=p["clone_parallel"],
+                          clone_parallel=p["clone_parallel"], clone=p["clone"],
+                          physical_above=p["physical_above"],
+                          copy_position=p["copy_position"], copy_id=p["copy_id"],
+                          copy_stats={k: p["copy_" + k] for k in ("bytes", "seconds")
+                                      if p["copy_" + k] is not None},
                           lock_timeout=p["lock_timeout"], tls=mysql_tls(module)) as split:
                 if module.check_mode:
                     res = split.run(p["step"], cleanup=p["cleanup"], check=True)
@@ -226,6 +276,8 @@ def run(module):
                     res = split.run(p["step"], cleanup=p["cleanup"])
                     result["changed"] = any(r.changed for r in res)
                 result["steps"] = [r.to_dict() for r in res]
+                result["copy"] = next((r.details["copy"] for r in res if r.waits), {})
+                result["clone_method"] = split.clone_method
                 result["moving"] = list(split.moving)
                 result["journal"] = (split.journal.load() if split.journal else None) or {}
             after = store.read().map
@@ -262,6 +314,12 @@ def main():
         drain_timeout=dict(type="float", default=2),
         connect_timeout=dict(type="float", default=10),
         clone_parallel=dict(type="int", default=1),
+        clone=dict(type="str", default="logical", choices=["logical", "physical", "auto"]),
+        physical_above=dict(type="int", default=1 << 30),
+        copy_position=dict(type="str", default=""),
+        copy_id=dict(type="str", default=""),
+        copy_bytes=dict(type="int"),
+        copy_seconds=dict(type="float"),
         lock_timeout=dict(type="float", default=20),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)

@@ -285,10 +285,12 @@ class Receiver:
     def close(self) -> None:
         self.sock.close()
 
-    def receive(self, directory: str, timeout: float = 3600.0) -> Received:
+    def receive(self, directory: str, timeout: float = 3600.0,
+                on_sender: Callable[[], Any] | None = None) -> Received:
         """Wait (up to *timeout*) for a sender holding the secret, extract its stream into
         *directory* (created; must not exist). Senders that fail the challenge are dropped
-        and the wait goes on. The directory is removed when the copy does not complete."""
+        and the wait goes on; *on_sender* is called once one passed it. The directory is
+        removed when the copy does not complete."""
         deadline = time.monotonic() + timeout
         t0 = time.monotonic()
         while True:
@@ -310,6 +312,8 @@ class Receiver:
                     continue
                 if not hmac.compare_digest(answer[:32], _proof(self.secret, challenge)):
                     continue  # not the sender of this copy
+                if on_sender is not None:
+                    on_sender()
                 conn.settimeout(max(left, 1.0))
                 n = self._extract(conn, directory, compressed=answer[32:] == b"z")
                 return Received(bytes=n, seconds=time.monotonic() - t0, directory=directory)
@@ -389,26 +393,55 @@ class CopyBusy(CopyFailed):
 
 
 @contextmanager
-def copy_lock(datadir: str) -> Iterator[None]:
+def copy_lock(datadir: str, *, wait: float = 0.0) -> Iterator[Callable[[str], None]]:
     """Hold the data directory's copy lock (``<datadir>.copy.lock``, an exclusive
     ``flock``) for a whole receive, prepare and install: two copies into one node at once
     would extract into the same place and swap in each other's halves. The kernel drops
-    the lock when its holder dies, so a copy killed at any instant never blocks the next;
-    a second copy while one runs raises :class:`CopyBusy` before touching anything."""
+    the lock when its holder dies, so a copy killed at any instant never blocks the next.
+
+    Yields ``mark(state)``, which writes the holder's state beside its pid in the lock
+    file: ``waiting`` (no sender yet; the state on entry), ``receiving``, ``installing``.
+    A holder still *waiting* is preempted (SIGTERM): it is the receiver of a run that
+    was killed or superseded before its sender came (an ``async`` task outlives the
+    playbook that started it), and would hold the node for its whole timeout. A holder
+    receiving or installing is waited for up to *wait* seconds (its copy lands, the new
+    one replaces it); then :class:`CopyBusy`, nothing touched."""
     import fcntl
+    import signal
 
     path = Path(datadir.rstrip("/") + ".copy.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise CopyBusy(f"another copy into {datadir} is running (pid {holder}); nothing "
-                           "was touched: wait for it, or rerun once it ended") from None
+    deadline = time.monotonic() + wait
+    preempted: set[int] = set()
+
+    def mark(state: str) -> None:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+        os.pwrite(fd, f"{os.getpid()} {state}\n".encode(), 0)
+
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").split()
+                pid = int(holder[0]) if holder and holder[0].isdigit() else 0
+                state = holder[1] if len(holder) > 1 else "?"
+                if state == "waiting" and pid > 1 and pid != os.getpid() \
+                        and pid not in preempted:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                    preempted.add(pid)
+                    deadline = max(deadline, time.monotonic() + 30)  # for it to exit
+                elif time.monotonic() >= deadline:
+                    raise CopyBusy(f"another copy into {datadir} is running (pid "
+                                   f"{pid or '?'}, {state}); nothing was touched: wait for "
+                                   "it, or rerun once it ended") from None
+                time.sleep(0.2)
+        mark("waiting")
+        yield mark
     finally:
         os.close(fd)  # releases the lock
 

@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 STEPS = ("check", "clone", "replicate", "cutover", "cleanup")
 CLONE_METHODS = ("logical", "physical")
+# clone="auto": physical when the moving shards hold more InnoDB data than this (bytes);
+# docs/runbooks/split.md says how it was chosen
+PHYSICAL_ABOVE = 1 << 30
 # Journal ``step`` values in the order a split reaches them ("aborted" restarts).
 PROGRESS = {"started": 0, "clone": 1, "replicate": 2, "cutover": 3, "cleanup": 4}
 WRITE_PRIVILEGES = ("Insert_priv", "Update_priv", "Delete_priv")
@@ -136,7 +139,8 @@ class Split:
                  lock_timeout: float = 5.0, connect_timeout: float = 10.0,
                  tls: TLS | None = None, clone_parallel: int = 1, clone: str = "logical",
                  copy_position: str = "", copy_id: str = "",
-                 copy_stats: dict[str, Any] | None = None) -> None:
+                 copy_stats: dict[str, Any] | None = None,
+                 physical_above: int = PHYSICAL_ABOVE) -> None:
         if spec.source == spec.target:
             raise SplitError(f"source and target are the same server {spec.source}")
         self.store = store
@@ -150,12 +154,16 @@ class Split:
         self.connect_timeout = connect_timeout
         self.tls = tls
         self.clone_parallel = max(1, int(clone_parallel))
-        if clone not in CLONE_METHODS:
-            raise SplitError(f"clone must be one of {', '.join(CLONE_METHODS)}, not {clone!r}")
+        if clone not in CLONE_METHODS + ("auto",):
+            raise SplitError(f"clone must be one of {', '.join(CLONE_METHODS + ('auto',))}, "
+                             f"not {clone!r}")
+        if copy_position and clone == "auto":
+            clone = "physical"
         if clone == "physical" and not spec.target_standby:
             raise SplitError("a physical clone copies onto both nodes of the target pair: "
                              "give the target's standby (target_standby)")
         self.clone_method = clone
+        self.physical_above = int(physical_above)
         # the mysql role's mysql_replication_connect_retry (a target pair's channels that a
         # physical copy replaced are made again with what they had, else this)
         self.pair_connect_retry = 10
@@ -362,12 +370,25 @@ class Split:
             problems += self._fence_problems()
         if problems:
             raise SplitError("; ".join(problems) + "; nothing changed")
+        if self.clone_method == "auto":
+            self.clone_method = self._choose_clone(data)
         return StepResult("check", False,
                           f"ok: move shards {first}..{last} from {self.spec.source} to "
                           f"{self.spec.target}" + (f" (resuming after {data['step']})"
                                                    if data else ""),
                           time.monotonic() - t0,
                           {"moving": list(self.moving), "original": owner.to_dict()})
+
+    def _choose_clone(self, data: dict[str, Any] | None) -> str:
+        """``clone="auto"``: the method an earlier run of this split began with, else
+        physical when the moving shards hold more than ``physical_above`` bytes of InnoDB
+        data (and the target has a standby to copy onto), else logical."""
+        if (data or {}).get("clone_method") in CLONE_METHODS:
+            return str((data or {})["clone_method"])
+        if not self.spec.target_standby:
+            return "logical"
+        size = self._estimate(self.conn(self.spec.source), self.databases)["bytes"]
+        return "physical" if size > self.physical_above else "logical"
 
     def _shard_dbs(self, server: str) -> set[str]:
         with self.conn(server).cursor() as cur:
@@ -438,11 +459,16 @@ class Split:
         if self.progress(data) >= PROGRESS["clone"]:
             return StepResult("clone", False,
                               f"already cloned at GTID {data and data.get('clone_gtid')}")
+        if self.clone_method == "auto":
+            self.clone_method = self._choose_clone(data)
         if self.clone_method == "physical":
             return self._clone_physical(t0)
         if self.progress(data) < 0:
             self._record("started")
         data = self.journal.data if self.journal else None
+        if (data or {}).get("clone_method") != "logical":
+            self._note(clone_method="logical")
+            data = self.journal.data if self.journal else None
         tgt, src = self.spec.target, self.spec.source
         there = self._shard_dbs(tgt)
         kept = [d for d in (data or {}).get("clone_done", [])
@@ -571,24 +597,8 @@ class Split:
                 raise SplitError(f"{n} is writable: a node that runs on a fresh copy boots "
                                  "read_only, so this is not the copy; nothing changed")
         self._note(copy_attaching=named)
-        dropped = 0
-        for n in nodes:
-            c = self.conn(n)
-            for ch in topology.dict_rows(c, "SHOW ALL SLAVES STATUS"):
-                name = str(ch.get("Connection_name") or "")
-                self._exec(n, replication.slave_sql("STOP", name))
-                self._exec(n, replication.slave_sql("RESET", name, "ALL"))
-            stray = sorted(self._shard_dbs(n) - set(self.databases))
-            self._exec(n, "SET SESSION sql_log_bin = 0")
-            try:
-                provision.apply_drop(c, stray, app_user=self.creds.app_user,
-                                     app_host=self.creds.app_host)
-            finally:
-                self._exec(n, "SET SESSION sql_log_bin = 1")
-            dropped += len(stray)
-            self._exec(n, "RESET MASTER")
-            self._exec(n, "SET GLOBAL gtid_binlog_state = %s", (pos,))
-            self._exec(n, "SET GLOBAL gtid_slave_pos = %s", (pos,))
+        dropped = sum(len(d) for d in self._on_both(nodes, lambda n: self._reset_node(
+            n, sorted(self._shard_dbs(n) - set(self.databases)), pos)))
         self._pair_up(nodes)
         self._create_channel(pos)
         problems = self._pair_health()
@@ -1348,29 +1358,47 @@ class Split:
         binlogged), binlog history and positions reset, replicating both ways (checked).
         Returns the databases dropped on the target's master."""
         nodes = [self.spec.target, str(self.spec.target_standby)]
-        dropped: list[str] = []
-        for n in nodes:
-            c = self.conn(n)
-            for ch in topology.dict_rows(c, "SHOW ALL SLAVES STATUS"):
-                name = str(ch.get("Connection_name") or "")
-                self._exec(n, replication.slave_sql("STOP", name))
-                self._exec(n, replication.slave_sql("RESET", name, "ALL"))
-            dbs = sorted(self._shard_dbs(n))
-            dropped = dropped or dbs
-            self._exec(n, "SET SESSION sql_log_bin = 0")
-            try:
-                provision.apply_drop(c, dbs, app_user=self.creds.app_user,
-                                     app_host=self.creds.app_host)
-            finally:
-                self._exec(n, "SET SESSION sql_log_bin = 1")
-            self._exec(n, "RESET MASTER")
-            self._exec(n, "SET GLOBAL gtid_slave_pos = ''")
+        dropped = self._on_both(nodes, lambda n: self._reset_node(
+            n, sorted(self._shard_dbs(n)), ""))[0]
         self._pair_up(nodes)
         problems = self._pair_health()
         if problems:
             raise SplitError("the target pair does not replicate both ways after the abort "
                              f"emptied it: {'; '.join(problems)}")
         return dropped
+
+    def _reset_node(self, node: str, drop: list[str], pos: str) -> list[str]:
+        """A target node made fresh at GTID *pos* ('' for none): its replication channels
+        stopped and removed, the shard databases *drop* dropped (not binlogged: each node
+        drops its own), binlog history reset to *pos*, ``gtid_slave_pos`` set to it.
+        Returns *drop*."""
+        c = self.conn(node)
+        for ch in topology.dict_rows(c, "SHOW ALL SLAVES STATUS"):
+            name = str(ch.get("Connection_name") or "")
+            self._exec(node, replication.slave_sql("STOP", name))
+            self._exec(node, replication.slave_sql("RESET", name, "ALL"))
+        self._exec(node, "SET SESSION sql_log_bin = 0")
+        try:
+            provision.apply_drop(c, drop, app_user=self.creds.app_user,
+                                 app_host=self.creds.app_host)
+        finally:
+            self._exec(node, "SET SESSION sql_log_bin = 1")
+        self._exec(node, "RESET MASTER")
+        if pos:
+            self._exec(node, "SET GLOBAL gtid_binlog_state = %s", (pos,))
+        self._exec(node, "SET GLOBAL gtid_slave_pos = %s", (pos,))
+        return drop
+
+    def _on_both(self, nodes: Sequence[str], work: Callable[[str], list[str]]
+                 ) -> list[list[str]]:
+        """*work* on each node at once (a thread and a connection each: dropping a
+        thousand shard databases takes a while on every node); the first failure raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        for n in nodes:
+            self.conn(n)  # connected here, one thread: each worker then uses its own
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            return list(pool.map(work, nodes))
 
     def _pair_up(self, nodes: Sequence[str]) -> None:
         """The target pair's own replication, both ways, from each node's current

@@ -152,7 +152,8 @@ def rebuild_physical(store: Any, pair: str, nodes: list[str], opts: dict[str, An
         return f"changed={first.changed} steps={','.join(first.steps)} (no copy)"
     src, dst = handles[first.copy["source"]], handles[first.copy["target"]]
     incoming = str(dst.datadir) + ".incoming"
-    with physical.copy_lock(str(dst.datadir)):  # shard_copy mode=receive holds it so
+    with physical.copy_lock(str(dst.datadir)) as mark:  # shard_copy mode=receive holds it
+        mark("receiving")  # so (its sender is this process: it never waits for one)
         shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
         stream_copy(src, incoming)
         physical.prepare(incoming)
