@@ -159,16 +159,22 @@ def receive(module):
     with physical.copy_lock(p["datadir"], wait=p["timeout"]) as mark:
         shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
         rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"])
-        try:
+        try:  # open until the end: it answers status requests (the split's watch)
             got = rx.receive(incoming, timeout=p["timeout"],
                              on_sender=lambda: mark("receiving"))
+            mark("installing")
+            rx.set_phase("preparing")
+            physical.prepare(incoming, use_memory=p["use_memory"])
+            pos = physical.position(incoming)
+            rx.set_phase("installing")
+            physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
+                             start=service_action(module, "start"), owner=p["owner"])
+            rx.set_phase("installed", position=pos)
+        except BaseException:
+            rx.set_phase("failed")
+            raise
         finally:
             rx.close()
-        mark("installing")
-        physical.prepare(incoming, use_memory=p["use_memory"])
-        pos = physical.position(incoming)
-        physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
-                         start=service_action(module, "start"), owner=p["owner"])
     return dict(changed=True, position=pos, bytes=got.bytes, seconds=round(got.seconds, 3))
 
 

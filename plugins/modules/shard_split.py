@@ -137,6 +137,24 @@ options:
       C(copy); a copy named since by another run is refused.
     type: str
     default: ''
+  copy_watch:
+    description:
+      - I(clone=physical), while the copy runs - the receivers (C(host:port) of each target
+        node's M(shardfleet.fleet.shard_copy) I(mode=receive)) to poll for the copy's
+        progress. The module then only watches - every 2 seconds it writes the progress
+        (phase, bytes received of the estimate, rate, ETA) into the journal's
+        C(clone_progress), which C(shardfleet ops show) prints, until both receivers
+        are done or I(copy_timeout). It takes no lock and changes nothing else.
+    type: list
+    elements: str
+  copy_secret:
+    description: With I(copy_watch), the copy's one-shot secret; never logged.
+    type: str
+    default: ''
+  copy_timeout:
+    description: With I(copy_watch), seconds to watch at most.
+    type: float
+    default: 7200
   copy_bytes:
     description: The copy's size as sent, for the journal.
     type: int
@@ -219,6 +237,10 @@ copy:
     C(bytes_estimated); empty when there is none to make.
   returned: always
   type: dict
+progress:
+  description: With I(copy_watch), the copy's last progress written to the journal.
+  returned: when I(copy_watch) is given
+  type: dict
 clone_method:
   description: C(logical) or C(physical), as chosen (I(clone=auto) resolved).
   returned: always
@@ -267,6 +289,15 @@ def run(module):
                           copy_stats={k: p["copy_" + k] for k in ("bytes", "seconds")
                                       if p["copy_" + k] is not None},
                           lock_timeout=p["lock_timeout"], tls=mysql_tls(module)) as split:
+                if p["copy_watch"]:
+                    if not p["copy_secret"]:
+                        module.fail_json(msg="copy_watch needs the copy's copy_secret")
+                    result["progress"] = split.watch_copy(p["copy_watch"], p["copy_secret"],
+                                                          timeout=p["copy_timeout"])
+                    result["moving"] = list(split.moving)
+                    result["journal"] = (split.journal.load() if split.journal else None) or {}
+                    result["map_after"] = result["map_before"]
+                    module.exit_json(**result)
                 if module.check_mode:
                     res = split.run(p["step"], cleanup=p["cleanup"], check=True)
                     todo = [r.step for r in res if r.changed]
@@ -318,6 +349,9 @@ def main():
         physical_above=dict(type="int", default=1 << 30),
         copy_position=dict(type="str", default=""),
         copy_id=dict(type="str", default=""),
+        copy_watch=dict(type="list", elements="str"),
+        copy_secret=dict(type="str", default="", no_log=True),
+        copy_timeout=dict(type="float", default=7200),
         copy_bytes=dict(type="int"),
         copy_seconds=dict(type="float"),
         lock_timeout=dict(type="float", default=20),

@@ -478,9 +478,18 @@ def _step_text(d: dict[str, Any]) -> str:
     if step != "started" or not isinstance(p, dict):
         return step
     eta = p.get("eta_seconds")
+    if "bytes_done" in p or p.get("phase") == "copying":  # a physical clone's copy
+        return (f"{step} (physical copy {p.get('copy_id')}: {p.get('phase')}, "
+                f"{_mib(p.get('bytes_done'))} of ~{_mib(p.get('bytes_estimated'))} MiB, "
+                f"{_mib(p.get('bytes_per_second'))} MiB/s, ETA "
+                f"{'?' if eta is None else eta} s)")
     return (f"{step} (clone: {p.get('databases_done')}/{p.get('databases')} databases, "
             f"{p.get('rows_done')} of ~{p.get('rows_estimated')} rows, "
             f"{p.get('rows_per_second')} rows/s, ETA {'?' if eta is None else eta} s)")
+
+
+def _mib(n: Any) -> str:
+    return "?" if n is None else f"{int(n) / 2**20:.0f}"
 
 
 def cmd_ops_show(args: argparse.Namespace) -> int:

@@ -272,18 +272,71 @@ def _read_line(sock: socket.socket) -> str:
 
 class Receiver:
     """A one-shot listener for one copy. Bind first (so the sender can be started with
-    the port), then :meth:`receive`."""
+    the port), then :meth:`receive`.
+
+    Until :meth:`close`, it also answers status requests (:func:`status`: the same
+    challenge, answered with the flag ``s``) with its :attr:`state` as one JSON line:
+    ``phase`` (``waiting``, ``receiving``, then what its caller sets: ``preparing``,
+    ``installing``, ``installed``, ``failed``), ``bytes`` received and ``seconds`` since
+    the sender came. A split's runner polls it for the copy's progress."""
 
     def __init__(self, secret: str, bind: str = "0.0.0.0", port: int = 0) -> None:
+        import threading
+
         self.secret = secret
         self.sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((bind, port))
         self.sock.listen(4)
         self.port = int(self.sock.getsockname()[1])
+        self.state: dict[str, Any] = {"phase": "waiting", "bytes": 0}
+        self._since: float | None = None
+        self._closed = threading.Event()
+        self._status_thread: threading.Thread | None = None
 
     def close(self) -> None:
+        self._closed.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        if self._status_thread is not None:
+            self._status_thread.join(10)
+
+    def set_phase(self, phase: str, **fields: Any) -> None:
+        """What the receiver's caller does with the copy now (for status requests)."""
+        self.state = {**self.state, "phase": phase, **fields}
+
+    def _status_line(self) -> bytes:
+        import json
+
+        st = dict(self.state)
+        if self._since is not None:
+            st["seconds"] = round(time.monotonic() - self._since, 3)
+        return (json.dumps(st) + "\n").encode()
+
+    def _serve_status(self) -> None:
+        """After the sender came: answer status requests until closed."""
+        while not self._closed.is_set():
+            try:
+                self.sock.settimeout(1.0)
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5.0)
+                challenge = secrets.token_bytes(32)
+                try:
+                    conn.sendall(MAGIC + challenge)
+                    answer = _recv_exact(conn, 33)
+                    if answer[32:] == b"s" and hmac.compare_digest(
+                            answer[:32], _proof(self.secret, challenge)):
+                        conn.sendall(self._status_line())
+                except (OSError, CopyFailed):
+                    continue
 
     def receive(self, directory: str, timeout: float = 3600.0,
                 on_sender: Callable[[], Any] | None = None) -> Received:
@@ -312,8 +365,21 @@ class Receiver:
                     continue
                 if not hmac.compare_digest(answer[:32], _proof(self.secret, challenge)):
                     continue  # not the sender of this copy
+                if answer[32:] == b"s":  # a status request, not the sender
+                    try:
+                        conn.sendall(self._status_line())
+                    except OSError:
+                        pass
+                    continue
                 if on_sender is not None:
                     on_sender()
+                import threading
+
+                self._since = time.monotonic()
+                self.set_phase("receiving")
+                self._status_thread = threading.Thread(target=self._serve_status,
+                                                       daemon=True, name="copy-status")
+                self._status_thread.start()
                 conn.settimeout(max(left, 1.0))
                 n = self._extract(conn, directory, compressed=answer[32:] == b"z")
                 return Received(bytes=n, seconds=time.monotonic() - t0, directory=directory)
@@ -345,6 +411,7 @@ class Receiver:
                         break
                     sink.write(_recv_exact(conn, n))
                     total += n
+                    self.state = {**self.state, "bytes": total}
             except (OSError, CopyFailed) as exc:
                 why = f"stream broken after {total} bytes: {exc}"
             finally:
@@ -365,6 +432,29 @@ class Receiver:
                 shutil.rmtree(directory, ignore_errors=True)
                 raise CopyFailed(f"the copy did not arrive: {why}")
             return total
+
+
+def status(target: str, secret: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The receiver at *target*'s state (:class:`Receiver`), or None when nothing there
+    answers as one (not listening yet, or done and gone)."""
+    import json
+
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            challenge = _recv_exact(sock, len(MAGIC) + 32)
+            if not challenge.startswith(MAGIC):
+                return None
+            sock.sendall(_proof(secret, challenge[len(MAGIC):]) + b"s")
+            line = _read_line(sock)
+    except (OSError, CopyFailed):
+        return None
+    try:
+        got = json.loads(line)
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None
 
 
 def prepare(directory: str, use_memory: str = "256M") -> None:

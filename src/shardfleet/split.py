@@ -554,6 +554,73 @@ class Split:
                           "InnoDB data), then run the split again with the copy's GTID "
                           "position", time.monotonic() - t0, {"copy": copy}, waits=True)
 
+    def watch_copy(self, receivers: Sequence[str], secret: str, *, timeout: float = 7200.0,
+                   interval: float = 2.0, silence: float = 600.0) -> dict[str, Any]:
+        """The copy's progress while it runs, for on-call: polls the receivers
+        (:func:`shardfleet.physical.status`, the copy's secret) every *interval* seconds
+        and writes ``clone_progress`` into the journal (phase, bytes received of the
+        estimate, rate, ETA) until every receiver is done (installed, failed, or gone
+        after it received), or *timeout*, or when no receiver answered for *silence*
+        seconds (one that failed before it listened; the caller's wait for the copy's
+        tasks says why: the watch only reports). Only while the journal still names the copy
+        this run made: a newer run's copy is never touched, and the journal is written
+        by version (a concurrent write wins; this round is skipped). Returns the last
+        progress written. Takes no lock: it changes nothing but the progress."""
+        from shardfleet import physical
+
+        data = self.resolve() or {}
+        copy = dict(data.get("copy") or {})
+        copy_id = str(copy.get("copy_id") or "")
+        if not copy_id:
+            raise SplitError("no physical copy is named in the journal: nothing to watch")
+        estimate = int(copy.get("bytes_estimated") or 0)
+        seen: dict[str, dict[str, Any]] = {}
+        gone: set[str] = set()
+        deadline = time.monotonic() + timeout
+        progress: dict[str, Any] = {}
+        heard = time.monotonic()
+        while True:
+            for r in receivers:
+                st = physical.status(r, secret, timeout=min(5.0, interval * 2))
+                if st is not None:
+                    seen[r] = st
+                    heard = time.monotonic()
+                elif r in seen:
+                    gone.add(r)
+            states = [seen.get(r, {}) for r in receivers]
+            done_bytes = min(int(st.get("bytes") or 0) for st in states)
+            secs = max(float(st.get("seconds") or 0) for st in states)
+            rate = done_bytes / secs if secs > 0 else 0.0
+            phases = sorted({str(st.get("phase") or "starting") for st in states})
+            progress = {"phase": "/".join(phases), "copy_id": copy_id,
+                        "bytes_done": done_bytes, "bytes_estimated": estimate,
+                        "bytes_per_second": round(rate), "seconds": round(secs, 1),
+                        "eta_seconds": (round(max(0, estimate - done_bytes) / rate)
+                                        if rate > 0 and estimate else None),
+                        "receivers": {r: seen.get(r, {}).get("phase", "starting")
+                                      for r in receivers}}
+            self._note_copy_progress(copy_id, progress)
+            finished = all(r in gone or seen.get(r, {}).get("phase") in ("installed", "failed")
+                           for r in receivers)
+            now = time.monotonic()
+            if finished or now > deadline or now - heard > silence:
+                return progress
+            time.sleep(interval)
+
+    def _note_copy_progress(self, copy_id: str, progress: dict[str, Any]) -> None:
+        from shardfleet.errors import MapConflictError
+
+        assert self.journal is not None
+        data = self.journal.load() or {}
+        if (data.get("copy") or {}).get("copy_id") != copy_id or data.get("step") != "started":
+            return  # another run's copy, or past the clone
+        try:
+            self.journal.save({**data, "clone_progress": progress})
+        except MapConflictError:
+            pass  # written meanwhile: the next round writes again
+        log.info("copy %s: %s, %d of ~%d bytes", copy_id, progress["phase"],
+                 progress["bytes_done"], progress["bytes_estimated"])
+
     def _attach_copy(self, t0: float) -> StepResult:
         """Both target nodes run on the copy named *copy_id*, installed at
         ``copy_position``: make them this split's target pair.

@@ -8,20 +8,18 @@ a stale or half-attached copy refused, and abort after a copy."""
 from __future__ import annotations
 
 import shutil
-import tempfile
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shardfleet import physical, provision
+from shardfleet import provision
 from shardfleet.split import SplitError
 from shardfleet.testing import MariaDBServer
 from shardfleet.testing.kit import (
     SplitFleet,
     make_server,
     pair_up,
+    physical_copy,
     rows,
     verify,
     wait_pair_synced,
@@ -65,48 +63,10 @@ def servers(fleet: SplitFleet) -> dict[str, MariaDBServer]:
                                    fleet.standby)}
 
 
-def copy_physically(fleet: SplitFleet, copy: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """What split.yml has shard_copy do on the nodes: one mariadb-backup of
-    ``copy["source"]`` streamed to a receiver on each of ``copy["targets"]``, each
-    prepared and installed in place of its node's data directory (the node restarted on
-    it). Returns the copy's position (the same on both) and the sender's figures."""
-    by = servers(fleet)
-    src = by[copy["source"]]
-    got: dict[str, Any] = {}
-    receivers = {}
-    for address in copy["targets"]:
-        receivers[address] = physical.Receiver("split-secret", bind="127.0.0.1")
-
-    def receive(address: str) -> None:
-        node = by[address]
-        incoming = str(Path(str(node.datadir) + ".incoming"))
-        try:
-            receivers[address].receive(incoming, timeout=120)
-            physical.prepare(incoming)
-            pos = physical.position(incoming)
-            physical.install(incoming, str(node.datadir), stop=node.stop, start=node.start)
-            got[address] = pos
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            got[address] = exc
-
-    threads = [threading.Thread(target=receive, args=(a,)) for a in copy["targets"]]
-    for t in threads:
-        t.start()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cnf = physical.client_defaults(tmp, "root", MariaDBServer.root_password)
-            argv = physical.backup_argv(defaults_file=cnf, datadir=str(src.datadir),
-                                        socket_path=str(src.socket), parallel=2)
-            sent = physical.send([f"127.0.0.1:{rx.port}" for rx in receivers.values()],
-                                 "split-secret", argv, connect_timeout=10, reply_timeout=120)
-    finally:
-        for t in threads:
-            t.join(180)
-        for rx in receivers.values():
-            rx.close()
-    positions = set(got.values())
-    assert len(positions) == 1 and all(isinstance(p, str) for p in positions), got
-    return positions.pop(), {"bytes": sent.bytes, "seconds": round(sent.seconds, 3)}
+def copy_physically(fleet: SplitFleet, copy: dict[str, Any],
+                    watch: Any = None) -> tuple[str, dict[str, Any]]:
+    """The copy split.yml has shard_copy make (:func:`shardfleet.testing.kit.physical_copy`)."""
+    return physical_copy(servers(fleet), copy, watch=watch)
 
 
 def shard_dbs(server: MariaDBServer) -> set[str]:
@@ -128,6 +88,19 @@ def test_a_physical_split_under_live_writes_loses_nothing(fleet, tmp_path):
     results: list[Any] = []
     named: list[dict[str, Any]] = []
 
+    watched: list[dict[str, Any]] = []
+
+    def watch(receivers: list[str], secret: str) -> None:
+        with fleet.split() as sp:
+            real = sp._note_copy_progress
+
+            def noted(copy_id: str, progress: dict[str, Any]) -> None:
+                watched.append(progress)
+                real(copy_id, progress)
+
+            sp._note_copy_progress = noted  # type: ignore[method-assign]
+            sp.watch_copy(receivers, secret, timeout=120, interval=0.2)
+
     def go() -> None:
         with fleet.split(clone="physical") as sp:
             first = sp.run("all")
@@ -135,7 +108,8 @@ def test_a_physical_split_under_live_writes_loses_nothing(fleet, tmp_path):
             [r.to_dict() for r in first]
         copy = first[-1].details["copy"]
         named.append(copy)
-        pos, stats = copy_physically(fleet, copy)
+        pos, stats = copy_physically(fleet, copy, watch)
+        named.append({"progress": journal(fleet).get("clone_progress")})
         with fleet.split(clone="physical", copy_position=pos, copy_id=copy["copy_id"],
                          copy_stats=stats) as sp:
             results.extend(sp.run("all"))
@@ -163,6 +137,13 @@ def test_a_physical_split_under_live_writes_loses_nothing(fleet, tmp_path):
     wait_pair_synced(fleet.standby, fleet.target)
     shards = list(range(MOVING[0], MOVING[1] + 1))
     assert rows(fleet.standby, shards) == rows(fleet.target, shards)
+    # the copy's progress was in the journal while it ran, and its end
+    receiving = [w for w in watched if "receiving" in w["phase"] and w["bytes_done"] > 0]
+    assert receiving, f"no progress seen while the copy streamed: {watched[:3]}"
+    assert all(w["bytes_estimated"] > 0 for w in watched)
+    last = named[1]["progress"]
+    assert last["phase"] == "installed" and last["bytes_done"] > 0, last
+    assert last["receivers"] == {a: "installed" for a in last["receivers"]}, last
     j = journal(fleet)
     assert j.get("clone_method") == "physical" and j.get("copy_bytes"), j
     assert j["dropped_on_target"] == 2 * (len(SOURCE_SHARDS) - len(MOVING_DBS)), j

@@ -218,3 +218,16 @@ def test_status_watch_json_is_one_json_document_a_round(capsys):
     assert len(docs) == 2, out
     assert all(d["problems"][0]["severity"] == "critical" and "unreachable" in
                d["problems"][0]["text"] for d in docs), docs
+
+
+def test_ops_list_shows_a_physical_copys_progress():
+    from shardfleet.cli import _step_text
+
+    text = _step_text({"step": "started", "clone_progress": {
+        "phase": "receiving", "copy_id": "ab12", "bytes_done": 3 << 30,
+        "bytes_estimated": 12 << 30, "bytes_per_second": 150 << 20, "eta_seconds": 61}})
+    assert text == ("started (physical copy ab12: receiving, 3072 of ~12288 MiB, 150 MiB/s, "
+                    "ETA 61 s)"), text
+    named = _step_text({"step": "started", "clone_progress": {
+        "phase": "copying", "copy_id": "ab12", "bytes_estimated": 1 << 20}})
+    assert "physical copy ab12: copying, ? of ~1 MiB" in named, named

@@ -13,12 +13,14 @@
 * :func:`pair_up` / :func:`wait_pair_synced` — wiring two MariaDB servers
   master-master with GTID as the ``mysql`` role does, and waiting for a position;
 * :class:`SplitFleet` — a source server and a target pair with a fresh map, for the
-  split's tests and ``bench/split_cutover.py``.
+  split's tests and ``bench/split_cutover.py``; :func:`physical_copy` — the copy a
+  physical clone names, made as ``split.yml`` has ``shard_copy`` make it.
 """
 
 from __future__ import annotations
 
 import random
+import tempfile
 import threading
 import time
 import uuid
@@ -30,7 +32,7 @@ from typing import Any
 
 import pymysql
 
-from shardfleet import ids, provision
+from shardfleet import ids, physical, provision
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 from shardfleet.router import Router
 from shardfleet.schema import default_schema, shard_database
@@ -191,6 +193,65 @@ class SplitFleet:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+
+
+def physical_copy(servers: dict[str, MariaDBServer], copy: dict[str, Any], *,
+                  secret: str = "split-secret", watch: Any = None,
+                  parallel: int = 2) -> tuple[str, dict[str, Any]]:
+    """What split.yml has shard_copy do on the nodes (*servers* by address): one
+    mariadb-backup of ``copy["source"]`` streamed to a receiver on each of ``copy["targets"]``, each
+    prepared and installed in place of its node's data directory (the node restarted on
+    it). *watch(receivers, secret)*, when given, runs beside it (the playbook's watch of
+    the copy's progress). Returns the copy's position (the same on both) and the
+    sender's figures."""
+    by = servers
+    src = by[copy["source"]]
+    got: dict[str, Any] = {}
+    receivers = {}
+    for address in copy["targets"]:
+        receivers[address] = physical.Receiver(secret, bind="127.0.0.1")
+
+    def receive(address: str) -> None:
+        node = by[address]
+        incoming = str(Path(str(node.datadir) + ".incoming"))
+        try:
+            rx = receivers[address]
+            rx.receive(incoming, timeout=7200)
+            rx.set_phase("preparing")
+            physical.prepare(incoming)
+            pos = physical.position(incoming)
+            rx.set_phase("installing")
+            physical.install(incoming, str(node.datadir), stop=node.stop, start=node.start)
+            rx.set_phase("installed", position=pos)
+            got[address] = pos
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            receivers[address].set_phase("failed")
+            got[address] = exc
+
+    threads = [threading.Thread(target=receive, args=(a,)) for a in copy["targets"]]
+    if watch is not None:
+        threads.append(threading.Thread(target=watch, args=(
+            [f"127.0.0.1:{rx.port}" for rx in receivers.values()], secret)))
+    for t in threads:
+        t.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cnf = physical.client_defaults(tmp, "root", MariaDBServer.root_password)
+            argv = physical.backup_argv(defaults_file=cnf, datadir=str(src.datadir),
+                                        socket_path=str(src.socket), parallel=parallel)
+            sent = physical.send([f"127.0.0.1:{rx.port}" for rx in receivers.values()],
+                                 secret, argv, connect_timeout=10, reply_timeout=7200)
+    finally:
+        for t in threads[:len(copy["targets"])]:
+            t.join(7200)
+        time.sleep(1.5)  # a status request after the install sees "installed"
+        for rx in receivers.values():
+            rx.close()
+        for t in threads[len(copy["targets"]):]:
+            t.join(60)
+    positions = {v for k, v in got.items() if k in copy["targets"]}
+    assert len(positions) == 1 and all(isinstance(p, str) for p in positions), got
+    return positions.pop(), {"bytes": sent.bytes, "seconds": round(sent.seconds, 3)}
 
 
 def wait_pair_synced(a: MariaDBServer, b: MariaDBServer, timeout: float = 30.0) -> None:
