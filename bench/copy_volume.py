@@ -10,7 +10,13 @@ not measured), then, one after another in one run on the same data:
   <= 1.2x the raw limit); installing it into a stopped server and starting it is
   printed apart;
 * logical (the old rebuild path, promote.copy_shards): mariadb-dump of every shard
-  database through this process into another server (goal: physical >= 5x faster).
+  database through this process into another server (goal: physical >= 5x faster);
+* backup to S3 (shardfleet.backup.backup, the product path: the stream uploaded with
+  multipart, the manifest's per-shard checksums taken in the backup's snapshot) and
+  restore from it (shardfleet.backup.restore: download, sha256, prepare, install, verify
+  every checksum), each against the raw limit (goal <= 1.5x). S3 is moto's server on
+  127.0.0.1, which is a Python process: its own rate (a multipart upload and a download
+  of as many bytes from memory, nothing of ours) is printed beside them.
 
 Each figure is printed with its MB/s and the ratios. Host processes on 127.0.0.1.
 """
@@ -31,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
 
 from shardfleet import physical, promote, provision  # noqa: E402
 from shardfleet.schema import default_schema  # noqa: E402
@@ -119,11 +126,80 @@ def physical_path(src: MariaDBServer, work: Path, cnf: str, compress: bool
     return t1 - t0, t2 - t1, (sent.bytes if compress else n), dest
 
 
+def s3_paths(src: MariaDBServer, dst: MariaDBServer, base: Path, cnf: str,
+             raw: float) -> None:
+    """Backup of *src* to moto's S3 and its restore into *dst*, each timed against the
+    raw limit's *raw* seconds, and the S3 server's own rate for as many bytes."""
+    from shardfleet import backup
+    from tests.integration.s3_fixtures import moto_s3
+
+    work = base / "moto"
+    work.mkdir()
+    with moto_s3("127.0.0.1", work, timeout=60) as server:
+        s3 = backup.s3_client(endpoint_url=server.url, region="us-east-1",
+                              access_key="testing", secret_key="testing")
+        s3.create_bucket(Bucket="bench")
+        loc = backup.Location("bench", "bench", "pair001")
+        argv = physical.backup_argv(defaults_file=cnf, datadir=str(src.datadir),
+                                    socket_path=str(src.socket), parallel=4)
+        t0 = time.monotonic()
+        manifest = backup.backup(s3, loc, argv, connect=src.connect, node=src.address,
+                                 allow_master=True)
+        bs = time.monotonic() - t0
+        n = int(manifest.get("bytes") or 0)
+        t0 = time.monotonic()
+        backup.restore(s3, loc, datadir=str(dst.datadir), stop=dst.stop, start=dst.start,
+                       connect=dst.connect, allow_master=True)
+        rs = time.monotonic() - t0
+        up, down = s3_rate(s3, n)
+        print(f"backup to S3: {bs:.1f}s ({mbps(n, bs)}) = {bs / raw:.2f}x the raw limit "
+              f"(goal <= 1.5x) {'OK' if bs / raw <= 1.5 else 'MISSED'}")
+        print(f"restore     : {rs:.1f}s ({mbps(n, rs)}; download, sha256, prepare, install, "
+              f"verify) = {rs / raw:.2f}x the raw limit (goal <= 1.5x) "
+              f"{'OK' if rs / raw <= 1.5 else 'MISSED'}")
+        print(f"  moto's S3 alone, {n / 2**20:.0f} MiB: multipart upload {up:.1f}s "
+              f"({mbps(n, up)}), download {down:.1f}s ({mbps(n, down)}); backup / upload "
+              f"alone = {bs / up:.2f}x, restore / download alone = {rs / down:.2f}x")
+
+
+def s3_rate(s3: object, n: int) -> tuple[float, float]:
+    """Seconds to upload *n* bytes from memory with multipart, and to download them."""
+    import io
+
+    from boto3.s3.transfer import TransferConfig
+
+    cfg = TransferConfig(multipart_chunksize=64 << 20, multipart_threshold=64 << 20)
+    block = os.urandom(1 << 20)
+
+    class Source(io.RawIOBase):
+        left = n
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+            k = min(len(b), self.left, len(block))
+            b[:k] = block[:k]
+            self.left -= k
+            return k
+
+    t0 = time.monotonic()
+    s3.upload_fileobj(io.BufferedReader(Source(), 1 << 20), "bench", "rate",  # type: ignore[attr-defined]
+                      Config=cfg)
+    up = time.monotonic() - t0
+    t0 = time.monotonic()
+    body = s3.get_object(Bucket="bench", Key="rate")["Body"]  # type: ignore[attr-defined]
+    while body.read(8 << 20):
+        pass
+    return up, time.monotonic() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=4.0, help="data to generate (default 4 GiB)")
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--no-logical", action="store_true", help="skip the (slow) logical path")
+    ap.add_argument("--no-s3", action="store_true", help="skip the backup and restore")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="sf-bench-copy-"))
     src, dst = server(base, 1), server(base, 2)
@@ -152,6 +228,8 @@ def main() -> int:
             print(f"physical+zstd: stream {zs:.1f}s ({zn / 2**20:.0f} MiB on the wire, "
                   f"{zn / max(pn, 1):.2f} of the extracted bytes), prepare {zp:.1f}s, total "
                   f"{zs + zp:.1f}s = {(zs + zp) / (rs + rp):.2f}x the raw limit")
+            if not args.no_s3:
+                s3_paths(src, dst, base, cnf, rs + rp)
             if not args.no_logical:
                 dbs = [f"db{s:05d}" for s in range(args.shards)]
                 logical_dst = server(base, 3)

@@ -555,7 +555,7 @@ class Split:
                           "position", time.monotonic() - t0, {"copy": copy}, waits=True)
 
     def watch_copy(self, receivers: Sequence[str], secret: str, *, timeout: float = 7200.0,
-                   interval: float = 2.0, silence: float = 600.0) -> dict[str, Any]:
+                   interval: float = 2.0, silence: float = 300.0) -> dict[str, Any]:
         """The copy's progress while it runs, for on-call: polls the receivers
         (:func:`shardfleet.physical.status`, the copy's secret) every *interval* seconds
         and writes ``clone_progress`` into the journal (phase, bytes received of the

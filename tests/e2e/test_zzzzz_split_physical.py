@@ -7,9 +7,9 @@ source's standby streamed node to node to both new containers at once, the copy 
 (the shards pair007 does not take dropped), then replicate and cutover as ever.
 
 split.yml is killed (the playbook alone, SIGKILL: its copy tasks in the containers run
-on, as they do when an operator's laptop dies) once the journal names the copy, while it
-streams; the rerun names a new copy (its receivers wait for the killed run's copy to
-land, or preempt receivers still waiting for a sender), attaches it and finishes.
+on, as they do when an operator's laptop dies) once the journal's progress shows the
+copy streaming; the rerun names a new copy (its receivers wait for the killed run's copy
+to land, or preempt receivers still waiting for a sender), attaches it and finishes.
 
 Checks: the copy came from the map's standby, never the master; no acknowledged write
 lost, no row nobody acknowledged, no error on a moving shard; both new nodes hold the
@@ -105,9 +105,10 @@ def test_a_physical_split_killed_during_its_copy_finishes_on_rerun(
         args = ["-e", f"split_source_pair={pair}", "-e", f"split_target_pair={NEW_PAIR}",
                 "-e", json.dumps({"split_range": list(moving)}), "-e", "split_clone=physical"]
 
-        def copy_named() -> bool:
+        def streaming() -> bool:  # the watch saw bytes arrive on the receivers
             raw, _ = store.read_raw(journal)
-            return raw is not None and bool(json.loads(raw).get("copy"))
+            p = (json.loads(raw) if raw else {}).get("clone_progress") or {}
+            return "receiving" in str(p.get("phase")) and int(p.get("bytes_done") or 0) > 0
 
         with _writer(fleet, zk, shards, frozen_wait=15, seconds=1200) as (_, w):
             w.start()
@@ -117,8 +118,8 @@ def test_a_physical_split_killed_during_its_copy_finishes_on_rerun(
             with log.open("w") as sink:
                 p = _start_split(fleet, inv, args, sink)
                 try:
-                    _until("the copy named in the journal", p, log, copy_named)
-                    time.sleep(3)  # into the copy's stream
+                    _until("the copy streaming (the journal's clone_progress)", p, log,
+                           streaming)
                 finally:
                     if p.poll() is None:
                         os.killpg(p.pid, signal.SIGKILL)
@@ -126,7 +127,8 @@ def test_a_physical_split_killed_during_its_copy_finishes_on_rerun(
             first = json.loads(store.read_raw(journal)[0] or b"{}")
             assert first.get("step") == "started", first
             report.append(f"split.yml killed {time.monotonic() - t0:.0f}s after its start, "
-                          f"copy {first['copy']['copy_id']} streaming")
+                          f"copy {first['copy']['copy_id']} streaming: "
+                          f"{first.get('clone_progress')}")
             rc, out, t_split = _play(fleet, inv, split_pb, *args)
             assert rc == 0, f"the rerun of split.yml failed:\n{out[-5000:]}"
             _wait_ops(w, 200)
