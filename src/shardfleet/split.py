@@ -163,6 +163,9 @@ class Split:
             raise SplitError("a physical clone copies onto both nodes of the target pair: "
                              "give the target's standby (target_standby)")
         self.clone_method = clone
+        # seconds a target node of a physical copy is waited for when it refuses
+        # connections (restarting on a copy)
+        self.start_wait = 300.0
         self.physical_above = int(physical_above)
         # the mysql role's mysql_replication_connect_retry (a target pair's channels that a
         # physical copy replaced are made again with what they had, else this)
@@ -183,11 +186,32 @@ class Split:
     def conn(self, server: str) -> Any:
         c = self._conns.get(server)
         if c is None or not c.open:
-            c = self._conns[server] = topology.connect(
-                server, self.creds.admin_user, self.creds.admin_password,
-                timeout=self.connect_timeout, client_flag=provision.multi_statement_flags(),
-                tls=self.tls)
+            c = self._conns[server] = self._connect(server)
         return c
+
+    def _connect(self, server: str) -> Any:
+        """An admin connection to *server*. A target node of the physical copy the journal
+        names may be restarting on it (the install of a killed run's copy, or of this
+        split's, goes on without the playbook): one that refuses connections is waited
+        for, up to ``start_wait`` seconds."""
+        copy = ((self.journal.data if self.journal else None) or {}).get("copy") or {}
+        wait = self.start_wait if server in (copy.get("targets") or ()) else 0.0
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return topology.connect(
+                    server, self.creds.admin_user, self.creds.admin_password,
+                    timeout=self.connect_timeout,
+                    client_flag=provision.multi_statement_flags(), tls=self.tls)
+            except DatabaseError as exc:
+                if "cannot connect" not in str(exc) or time.monotonic() >= deadline:
+                    if wait:
+                        raise DatabaseError(f"{exc} (waited {wait:.0f}s: a target node of "
+                                            "the physical copy; is it starting on a "
+                                            "copy? see its error log)") from None
+                    raise
+                log.info("split: %s does not answer yet (%s); waiting for it", server, exc)
+                time.sleep(1.0)
 
     def close(self) -> None:
         for c in self._conns.values():

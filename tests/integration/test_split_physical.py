@@ -239,3 +239,28 @@ def test_abort_after_a_physical_copy_leaves_an_empty_target_pair(fleet, attached
     # and a split onto it runs again
     with fleet.split() as sp:
         assert [r.step for r in sp.run("all")][-1] == "cutover"
+
+
+def test_a_rerun_waits_for_a_target_node_restarting_on_a_copy(fleet):
+    """The e2e rerun after a kill found the target's master refusing connections: the
+    killed run's copy was installing there (the server restarting on it). The rerun's
+    check waits for it (bounded) instead of failing."""
+    import threading
+    import time
+
+    with fleet.split(clone="physical") as sp:
+        first = sp.run("all")[-1].details["copy"]
+    fleet.target.stop()
+    back = threading.Timer(4.0, fleet.target.start)
+    back.start()
+    try:
+        t0 = time.monotonic()
+        with fleet.split(clone="physical") as sp:
+            res = sp.run("all")
+        waited = time.monotonic() - t0
+    finally:
+        back.join()
+    assert res[-1].waits and res[-1].details["copy"]["copy_id"] != first["copy_id"]
+    assert waited >= 3.0, waited
+    with fleet.split() as sp:
+        sp.run("abort")
