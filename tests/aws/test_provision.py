@@ -197,6 +197,7 @@ def test_security_groups_allow_exactly_the_fleets_own_traffic(
     expected = {
         ("mysql", 3306, 3306, "mysql"),
         ("mysql", 3306, 3306, "client"),
+        ("mysql", 4444, 4444, "mysql"),
         ("zookeeper", 2181, 2181, "zookeeper"),
         ("zookeeper", 2181, 2181, "mysql"),
         ("zookeeper", 2181, 2181, "client"),
