@@ -453,19 +453,44 @@ class Split:
     # -- journal -------------------------------------------------------------
     def _record(self, step: str, **fields: Any) -> dict[str, Any]:
         assert self.journal is not None and self.original is not None
-        if self.journal.data is None or self.journal.data.get("step") == "aborted":
-            base = {"kind": "split", "name": self.name, "source": self.spec.source,
-                    "target": self.spec.target, "target_standby": self.spec.target_standby,
-                    "moving": list(self.moving), "original": self.original.to_dict(),
-                    "connection": self.connection_name, "started_at": time.time(),
-                    "state": "running", "steps": []}
-            self.journal.data = base
-        return self.journal.step(step, **fields)
+
+        def write() -> dict[str, Any]:
+            assert self.journal is not None and self.original is not None
+            if self.journal.data is None or self.journal.data.get("step") == "aborted":
+                base = {"kind": "split", "name": self.name, "source": self.spec.source,
+                        "target": self.spec.target, "target_standby": self.spec.target_standby,
+                        "moving": list(self.moving), "original": self.original.to_dict(),
+                        "connection": self.connection_name, "started_at": time.time(),
+                        "state": "running", "steps": []}
+                self.journal.data = base
+            return self.journal.step(step, **fields)
+
+        return self._journal_write(write)
 
     def _note(self, **fields: Any) -> None:
         """Update journal fields without recording a step."""
         assert self.journal is not None and self.journal.data is not None
-        self.journal.save({**self.journal.data, **fields})
+        self._journal_write(lambda: self.journal.save(  # type: ignore[union-attr]
+            {**(self.journal.data or {}), **fields}))  # type: ignore[union-attr]
+
+    def _journal_write(self, write: Callable[[], Any], attempts: int = 5) -> Any:
+        """*write()* the journal (a version-checked save); on a conflict, load it again and
+        write again. Under the split's locks the one other writer is a physical copy's
+        watch (:meth:`watch_copy`), which takes no lock and writes ``clone_progress``
+        only: the module of a killed run's watch outlives its playbook (e2e: the rerun's
+        first write failed "is at version 23, expected 22")."""
+        from shardfleet.errors import MapConflictError
+
+        assert self.journal is not None
+        for attempt in range(attempts):
+            try:
+                return write()
+            except MapConflictError:
+                if attempt == attempts - 1:
+                    raise
+                self.journal.load()
+                time.sleep(0.05)
+        return None
 
     # -- clone ---------------------------------------------------------------
     def clone(self) -> StepResult:

@@ -264,3 +264,40 @@ def test_a_rerun_waits_for_a_target_node_restarting_on_a_copy(fleet):
     assert waited >= 3.0, waited
     with fleet.split() as sp:
         sp.run("abort")
+
+
+def test_a_killed_runs_watch_writing_progress_does_not_fail_the_rerun(fleet, monkeypatch):
+    """The e2e rerun after a kill failed its first journal write ("is at version 23,
+    expected 22"): the killed run's watch, a module that outlives its playbook, wrote the
+    old copy's progress between the rerun's read of the journal and its write. Here that
+    write lands at that instant, before each of the rerun's first three journal writes:
+    the rerun writes again over it, and the watch stops once the journal names the new
+    copy."""
+    from shardfleet import ops
+
+    with fleet.split(clone="physical") as sp:
+        old = sp.run("all")[-1].details["copy"]
+    watcher = fleet.split()
+    watcher.resolve()
+    real_save = ops.Journal.save
+    injected = []
+
+    def save_after_the_watch(self: Any, data: dict[str, Any]) -> None:
+        if self is not watcher.journal and len(injected) < 3:
+            injected.append(watcher._note_copy_progress(old["copy_id"], {
+                "phase": "receiving", "bytes_done": len(injected), "bytes_estimated": 1}))
+        real_save(self, data)
+
+    monkeypatch.setattr(ops.Journal, "save", save_after_the_watch)
+    try:
+        with fleet.split(clone="physical") as sp:
+            new = sp.run("all")[-1].details["copy"]
+    finally:
+        monkeypatch.undo()
+        watcher.close()
+    assert len(injected) == 3
+    j = journal(fleet)
+    assert new["copy_id"] != old["copy_id"] and j["copy"]["copy_id"] == new["copy_id"], j
+    assert (j.get("clone_progress") or {}).get("copy_id") == new["copy_id"], j
+    with fleet.split() as sp:
+        sp.run("abort")
