@@ -289,16 +289,13 @@ def run(module):
                           copy_stats={k: p["copy_" + k] for k in ("bytes", "seconds")
                                       if p["copy_" + k] is not None},
                           lock_timeout=p["lock_timeout"], tls=mysql_tls(module)) as split:
-                if p["copy_watch"]:
+                if p["copy_watch"]:  # only the copy's progress: no step runs
                     if not p["copy_secret"]:
                         module.fail_json(msg="copy_watch needs the copy's copy_secret")
                     result["progress"] = split.watch_copy(p["copy_watch"], p["copy_secret"],
                                                           timeout=p["copy_timeout"])
-                    result["moving"] = list(split.moving)
-                    result["journal"] = (split.journal.load() if split.journal else None) or {}
-                    result["map_after"] = result["map_before"]
-                    module.exit_json(**result)
-                if module.check_mode:
+                    res = []
+                elif module.check_mode:
                     res = split.run(p["step"], cleanup=p["cleanup"], check=True)
                     todo = [r.step for r in res if r.changed]
                     result["would_run"] = todo

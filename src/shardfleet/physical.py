@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import shutil
@@ -30,6 +31,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -281,8 +283,6 @@ class Receiver:
     the sender came. A split's runner polls it for the copy's progress."""
 
     def __init__(self, secret: str, bind: str = "0.0.0.0", port: int = 0) -> None:
-        import threading
-
         self.secret = secret
         self.sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -309,12 +309,26 @@ class Receiver:
         self.state = {**self.state, "phase": phase, **fields}
 
     def _status_line(self) -> bytes:
-        import json
-
         st = dict(self.state)
         if self._since is not None:
             st["seconds"] = round(time.monotonic() - self._since, 3)
         return (json.dumps(st) + "\n").encode()
+
+    def _challenge(self, conn: socket.socket) -> bytes | None:
+        """Challenge *conn*: the flag byte it sent with a right answer (``z`` or ``-``:
+        the sender, compressed or not; ``s``: a status request, answered here), or None
+        (a wrong answer, a broken connection)."""
+        challenge = secrets.token_bytes(32)
+        try:
+            conn.sendall(MAGIC + challenge)
+            answer = _recv_exact(conn, 33)
+            if not hmac.compare_digest(answer[:32], _proof(self.secret, challenge)):
+                return None
+            if answer[32:] == b"s":
+                conn.sendall(self._status_line())
+        except (OSError, CopyFailed):
+            return None
+        return answer[32:]
 
     def _serve_status(self) -> None:
         """After the sender came: answer status requests until closed."""
@@ -328,15 +342,7 @@ class Receiver:
                 return
             with conn:
                 conn.settimeout(5.0)
-                challenge = secrets.token_bytes(32)
-                try:
-                    conn.sendall(MAGIC + challenge)
-                    answer = _recv_exact(conn, 33)
-                    if answer[32:] == b"s" and hmac.compare_digest(
-                            answer[:32], _proof(self.secret, challenge)):
-                        conn.sendall(self._status_line())
-                except (OSError, CopyFailed):
-                    continue
+                self._challenge(conn)
 
     def receive(self, directory: str, timeout: float = 3600.0,
                 on_sender: Callable[[], Any] | None = None) -> Received:
@@ -357,31 +363,18 @@ class Receiver:
                 continue
             with conn:
                 conn.settimeout(min(left, 60.0))
-                challenge = secrets.token_bytes(32)
-                try:
-                    conn.sendall(MAGIC + challenge)
-                    answer = _recv_exact(conn, 33)
-                except (OSError, CopyFailed):
-                    continue
-                if not hmac.compare_digest(answer[:32], _proof(self.secret, challenge)):
-                    continue  # not the sender of this copy
-                if answer[32:] == b"s":  # a status request, not the sender
-                    try:
-                        conn.sendall(self._status_line())
-                    except OSError:
-                        pass
-                    continue
+                flag = self._challenge(conn)
+                if flag is None or flag == b"s":
+                    continue  # not the sender of this copy, or a status request
                 if on_sender is not None:
                     on_sender()
-                import threading
-
                 self._since = time.monotonic()
                 self.set_phase("receiving")
                 self._status_thread = threading.Thread(target=self._serve_status,
                                                        daemon=True, name="copy-status")
                 self._status_thread.start()
                 conn.settimeout(max(left, 1.0))
-                n = self._extract(conn, directory, compressed=answer[32:] == b"z")
+                n = self._extract(conn, directory, compressed=flag == b"z")
                 return Received(bytes=n, seconds=time.monotonic() - t0, directory=directory)
 
     def _extract(self, conn: socket.socket, directory: str, compressed: bool) -> int:
@@ -437,8 +430,6 @@ class Receiver:
 def status(target: str, secret: str, timeout: float = 5.0) -> dict[str, Any] | None:
     """The receiver at *target*'s state (:class:`Receiver`), or None when nothing there
     answers as one (not listening yet, or done and gone)."""
-    import json
-
     host, _, port = target.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:

@@ -43,14 +43,22 @@ MariaDB only for now (tested 10.11): the snapshot's GTID comes from
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shardfleet import provision, replication, topology
-from shardfleet.errors import DatabaseError, MapError, MapWriteUnknown, ShardfleetError
+from shardfleet import physical, provision, replication, topology
+from shardfleet.errors import (
+    DatabaseError,
+    MapConflictError,
+    MapError,
+    MapWriteUnknown,
+    ShardfleetError,
+)
 from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
 from shardfleet.ops import Journal, Runner, Step, StepResult, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
@@ -239,6 +247,11 @@ class Split:
     @property
     def databases(self) -> list[str]:
         return [shard_database(s) for s in self.shards]
+
+    @property
+    def target_nodes(self) -> list[str]:
+        """The target pair: its master and standby (a physical clone copies onto both)."""
+        return [self.spec.target, str(self.spec.target_standby)]
 
     @property
     def connection_name(self) -> str:
@@ -479,8 +492,6 @@ class Split:
         watch (:meth:`watch_copy`), which takes no lock and writes ``clone_progress``
         only: the module of a killed run's watch outlives its playbook (e2e: the rerun's
         first write failed "is at version 23, expected 22")."""
-        from shardfleet.errors import MapConflictError
-
         assert self.journal is not None
         for attempt in range(attempts):
             try:
@@ -584,10 +595,8 @@ class Split:
         return r.master
 
     def _name_copy(self, t0: float) -> StepResult:
-        import secrets
-
         src = self._copy_source()
-        targets = [self.spec.target, str(self.spec.target_standby)]
+        targets = self.target_nodes
         copy = {"source": src, "targets": targets, "copy_id": secrets.token_hex(6),
                 "bytes_estimated": self._estimate(self.conn(src),
                                                   sorted(self._shard_dbs(src)))["bytes"]}
@@ -615,8 +624,6 @@ class Split:
         this run made: a newer run's copy is never touched, and the journal is written
         by version (a concurrent write wins; this round is skipped). Returns the last
         progress written. Takes no lock: it changes nothing but the progress."""
-        from shardfleet import physical
-
         data = self.resolve() or {}
         copy = dict(data.get("copy") or {})
         copy_id = str(copy.get("copy_id") or "")
@@ -657,8 +664,6 @@ class Split:
             time.sleep(interval)
 
     def _note_copy_progress(self, copy_id: str, progress: dict[str, Any]) -> None:
-        from shardfleet.errors import MapConflictError
-
         assert self.journal is not None
         data = self.journal.load() or {}
         if (data.get("copy") or {}).get("copy_id") != copy_id or data.get("step") != "started":
@@ -701,7 +706,7 @@ class Split:
             raise SplitError(f"the attach of copy {named} was begun by an earlier run and cut "
                              "short: the target pair may have moved past the copy's position; "
                              "nothing changed. Run the split again (it makes a new copy)")
-        nodes = [self.spec.target, str(self.spec.target_standby)]
+        nodes = self.target_nodes
         for n in nodes:
             missing = sorted(set(self.databases) - self._shard_dbs(n))
             if missing:
@@ -1473,7 +1478,7 @@ class Split:
         nodes are made an empty pair again: every shard database dropped on each (not
         binlogged), binlog history and positions reset, replicating both ways (checked).
         Returns the databases dropped on the target's master."""
-        nodes = [self.spec.target, str(self.spec.target_standby)]
+        nodes = self.target_nodes
         dropped = self._on_both(nodes, lambda n: self._reset_node(
             n, sorted(self._shard_dbs(n)), ""))[0]
         self._pair_up(nodes)
@@ -1509,8 +1514,6 @@ class Split:
                  ) -> list[list[str]]:
         """*work* on each node at once (a thread and a connection each: dropping a
         thousand shard databases takes a while on every node); the first failure raised."""
-        from concurrent.futures import ThreadPoolExecutor
-
         for n in nodes:
             self.conn(n)  # connected here, one thread: each worker then uses its own
         with ThreadPoolExecutor(max_workers=len(nodes)) as pool:

@@ -78,6 +78,17 @@ def shard_dbs(server: MariaDBServer) -> set[str]:
         conn.close()
 
 
+def target_pair_holds_the_moving_shards(fleet: SplitFleet) -> None:
+    """The target pair holds the moving shards and nothing else, the same rows on both
+    nodes, each having applied the other's position."""
+    for node in (fleet.target, fleet.standby):
+        assert shard_dbs(node) == set(MOVING_DBS), node.address
+    wait_pair_synced(fleet.target, fleet.standby)
+    wait_pair_synced(fleet.standby, fleet.target)
+    shards = list(range(MOVING[0], MOVING[1] + 1))
+    assert rows(fleet.standby, shards) == rows(fleet.target, shards)
+
+
 def journal(fleet: SplitFleet) -> dict[str, Any]:
     with fleet.split() as sp:
         sp.resolve()
@@ -130,13 +141,7 @@ def test_a_physical_split_under_live_writes_loses_nothing(fleet, tmp_path):
     assert (moved.bounds, moved.master, moved.standby) == (
         MOVING, fleet.target.address, fleet.standby.address)
     verify(fleet, log, MOVING)
-    # the target pair holds the moving shards and nothing else, the same on both nodes
-    for node in (fleet.target, fleet.standby):
-        assert shard_dbs(node) == set(MOVING_DBS), node.address
-    wait_pair_synced(fleet.target, fleet.standby)
-    wait_pair_synced(fleet.standby, fleet.target)
-    shards = list(range(MOVING[0], MOVING[1] + 1))
-    assert rows(fleet.standby, shards) == rows(fleet.target, shards)
+    target_pair_holds_the_moving_shards(fleet)
     # the copy's progress was in the journal while it ran, and its end
     receiving = [w for w in watched if "receiving" in w["phase"] and w["bytes_done"] > 0]
     assert receiving, f"no progress seen while the copy streamed: {watched[:3]}"
@@ -204,12 +209,7 @@ def test_a_half_attached_or_superseded_copy_is_refused_and_a_new_copy_finishes(
     assert [r.step for r in outcome["done"]] == ["check", "clone", "replicate", "cutover"]
     assert fleet.map().range_for(20).master == fleet.target.address
     verify(fleet, log, MOVING)
-    for node in (fleet.target, fleet.standby):
-        assert shard_dbs(node) == set(MOVING_DBS), node.address
-    wait_pair_synced(fleet.target, fleet.standby)
-    wait_pair_synced(fleet.standby, fleet.target)
-    shards = list(range(MOVING[0], MOVING[1] + 1))
-    assert rows(fleet.standby, shards) == rows(fleet.target, shards)
+    target_pair_holds_the_moving_shards(fleet)
 
 
 @pytest.mark.parametrize("attached", [False, True], ids=["copy-installed", "copy-attached"])
