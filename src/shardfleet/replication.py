@@ -98,22 +98,38 @@ def wait_for_gtid(conn: Any, position: str, timeout: float,
 HEARTBEAT_PERIOD = 0.25
 
 
-def change_master_sql(name: str = "") -> str:
+def change_master_sql(name: str = "", *, tls: bool = False) -> str:
     """``CHANGE MASTER`` to a source by GTID, with the fleet's heartbeat; parameters: host,
-    port, user, password, connect retry (s), heartbeat period (s). MariaDB."""
+    port, user, password, connect retry (s), heartbeat period (s), and with *tls* the CA
+    file (a path on the replica's server): the channel then connects over TLS, the source's
+    certificate checked against that CA and against the host name given. MariaDB."""
     quoted = f" '{name}'" if name else ""
+    tls_sql = (", MASTER_SSL = 1, MASTER_SSL_CA = %s, MASTER_SSL_VERIFY_SERVER_CERT = 1"
+               if tls else "")
     return (f"CHANGE MASTER{quoted} TO MASTER_HOST = %s, MASTER_PORT = %s, MASTER_USER = %s, "
             "MASTER_PASSWORD = %s, MASTER_CONNECT_RETRY = %s, MASTER_USE_GTID = slave_pos, "
-            "MASTER_HEARTBEAT_PERIOD = %s")
+            f"MASTER_HEARTBEAT_PERIOD = %s{tls_sql}")
+
+
+def server_tls_ca(conn: Any) -> str:
+    """The CA file *conn*'s server verifies TLS peers with (its ``ssl_ca``), or "" when the
+    server has no TLS. A server the ``mysql`` role gave TLS (``mysql_tls_enabled``) has one,
+    and every channel the library creates on it then replicates over TLS, verified against
+    that CA: the servers' own configuration is the one place that says so."""
+    row = topology.dict_rows(conn, "SELECT @@GLOBAL.have_ssl AS have_ssl, "
+                                   "@@GLOBAL.ssl_ca AS ssl_ca")[0]
+    return str(row["ssl_ca"] or "") if row["have_ssl"] == "YES" else ""
 
 
 def change_master(conn: Any, host: str, port: int, user: str, password: str, *,
                   name: str = "", connect_retry: int = 2,
                   heartbeat: float = HEARTBEAT_PERIOD) -> None:
-    """Point channel *name* (the default one when empty) of *conn*'s server at a source."""
+    """Point channel *name* (the default one when empty) of *conn*'s server at a source,
+    over TLS when the server has a CA of its own (:func:`server_tls_ca`)."""
+    ca = server_tls_ca(conn)
+    params: tuple[Any, ...] = (host, int(port), user, password, int(connect_retry), heartbeat)
     with conn.cursor() as c:
-        c.execute(change_master_sql(name),
-                  (host, int(port), user, password, int(connect_retry), heartbeat))
+        c.execute(change_master_sql(name, tls=bool(ca)), params + ((ca,) if ca else ()))
 
 
 def set_heartbeat(conn: Any, name: str = "", period: float = HEARTBEAT_PERIOD) -> None:

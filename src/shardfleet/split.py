@@ -985,9 +985,8 @@ class Split:
             # master (server_id differs from the master's own): ignore the duplicates.
             self._exec(tgt, "SET GLOBAL gtid_ignore_duplicates = ON")
             self._exec(tgt, "SET GLOBAL gtid_slave_pos = %s", (slave_pos,))
-            self._exec(tgt, replication.change_master_sql(name),
-                       (host.strip("[]"), int(port), self.creds.repl_user,
-                        self.creds.repl_password, 2, replication.HEARTBEAT_PERIOD))
+            replication.change_master(c, host.strip("[]"), int(port), self.creds.repl_user,
+                                      self.creds.repl_password, name=name)
             self._exec(tgt, f"SET GLOBAL `{name}`.replicate_do_db = %s",
                        (",".join(self.databases if databases is None else databases),))
         finally:

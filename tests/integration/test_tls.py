@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pymysql
 import pytest
 
-from shardfleet import provision, topology
+from shardfleet import provision, replication, topology
 from shardfleet.errors import DatabaseError
 from shardfleet.router import Router
 from shardfleet.schema import default_schema
@@ -77,8 +78,8 @@ def certs(tmp_path_factory) -> Path:
     return d
 
 
-def _tls_server(base: Path, certs: Path, cert: str) -> MariaDBServer:
-    return MariaDBServer(base, extra=[
+def _tls_server(base: Path, certs: Path, cert: str, server_id: int = 1) -> MariaDBServer:
+    return MariaDBServer(base, server_id=server_id, extra=[
         "--innodb-file-per-table=0", f"--ssl-ca={certs / 'ca.pem'}",
         f"--ssl-cert={certs / f'{cert}.pem'}", f"--ssl-key={certs / f'{cert}.key'}",
         "--require-secure-transport=ON"]).start()
@@ -262,3 +263,66 @@ def test_the_cli_status_connects_with_ca_cert(tls_server, certs, zookeeper):
     p = subprocess.run([*cmd, "--ca-cert", str(certs / "missing.pem")], capture_output=True,
                        text=True, timeout=60, env=env)
     assert p.returncode == 2 and "missing.pem" in p.stderr, p.stdout + p.stderr
+
+
+def test_a_channel_the_library_creates_replicates_over_verified_tls(tls_server, certs,
+                                                                    tmp_path_factory):
+    """replication.change_master on a server with its own CA (ssl_ca, as the mysql role
+    sets with mysql_tls_enabled) makes a TLS channel, the source's certificate verified
+    (chain and name): under require_secure_transport a plain channel cannot log in."""
+    replica = _tls_server(tmp_path_factory.mktemp("mariadb-tls-replica"), certs, "server",
+                          server_id=2)
+    try:
+        for server in (tls_server, replica):
+            conn = _admin(server)
+            with conn.cursor() as cur:
+                cur.execute("SET sql_log_bin = 0")
+                cur.execute("CREATE USER IF NOT EXISTS 'sf_tls_repl'@'%%' IDENTIFIED BY %s",
+                            ("sf-tls-repl-test",))
+                cur.execute("GRANT REPLICATION SLAVE ON *.* TO 'sf_tls_repl'@'%'")
+            conn.close()
+        conn = _admin(replica)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET GLOBAL gtid_slave_pos = %s",
+                            (topology.scalar(_admin(tls_server),
+                                             "SELECT @@GLOBAL.gtid_binlog_pos"),))
+            replication.change_master(conn, "127.0.0.1", tls_server.port, "sf_tls_repl",
+                                      "sf-tls-repl-test", name="tls_test")
+            with conn.cursor() as cur:
+                cur.execute("START SLAVE 'tls_test'")
+            src = _admin(tls_server)
+            with src.cursor() as cur:
+                cur.execute("CREATE DATABASE sf_tls_replicated")
+            src.close()
+            deadline = time.monotonic() + 60
+            while True:
+                ch = topology.dict_rows(conn, "SHOW SLAVE 'tls_test' STATUS")[0]
+                seen = topology.scalar(conn, "SELECT COUNT(*) FROM information_schema.SCHEMATA"
+                                             " WHERE SCHEMA_NAME = 'sf_tls_replicated'")
+                if seen:
+                    break
+                assert time.monotonic() < deadline, f"not replicated: {ch['Last_IO_Error']}"
+                time.sleep(0.2)
+            assert ch["Master_SSL_Allowed"] == "Yes", ch
+            assert ch["Master_SSL_CA_File"] == ca(certs), ch
+            assert ch["Master_SSL_Verify_Server_Cert"] == "Yes", ch
+            assert replication.server_tls_ca(conn) == ca(certs)
+        finally:
+            conn.close()
+    finally:
+        replica.stop(remove=True)
+        conn = _admin(tls_server)
+        with conn.cursor() as cur:
+            cur.execute("DROP DATABASE IF EXISTS sf_tls_replicated")
+        conn.close()
+
+
+def test_a_server_without_tls_gets_a_plain_channel(mariadb_pair):
+    """No ssl_ca on the server: no TLS in its CHANGE MASTER (the fleet without TLS)."""
+    conn = _admin(mariadb_pair[0])
+    try:
+        assert replication.server_tls_ca(conn) == ""
+        assert "MASTER_SSL" not in replication.change_master_sql("x", tls=False)
+    finally:
+        conn.close()
