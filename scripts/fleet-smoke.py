@@ -7,7 +7,8 @@ Reads the connection profile playbooks/fleet-status.yml writes
 1. every MySQL node answers the admin user over TCP, boots read_only=ON and
    replicates from its peer; the application user can log in;
 2. ZooKeeper serves /shardfleet to anyone and refuses an anonymous write there;
-3. Redis refuses a client without the password and round-trips a key with it;
+3. Redis refuses a client without the password and round-trips a key with it (and, on a
+   fleet with TLS, refuses a plaintext client; MySQL too, in 1);
 4. memcached round-trips an item;
 5. the routing library writes an object and reads it back (shardfleet.store.Store
    over shardfleet.router.Router, the map read from ZooKeeper), on a shard of an
@@ -78,14 +79,18 @@ def passwords(p: dict[str, Any]) -> dict[str, str]:
 def mysql_checks(p: dict[str, Any]) -> None:
     import pymysql
 
+    from shardfleet.tls import TLS
+
     my = p["mysql"]
+    tls = TLS(ca_cert=my.get("ca_cert") or None)
     for pair, sides in sorted(my["pairs"].items()):
         for side, host in sorted(sides.items()):
             node = f"{pair}{side} ({host})"
             try:
                 conn = pymysql.connect(host=host, port=my["port"], user=my["admin"]["user"],
                                        password=p["passwords"]["mysql_admin"], connect_timeout=5,
-                                       cursorclass=pymysql.cursors.DictCursor)
+                                       cursorclass=pymysql.cursors.DictCursor,
+                                       **tls.pymysql_kwargs())
                 with conn, conn.cursor() as cur:
                     cur.execute("SELECT @@GLOBAL.read_only AS ro")
                     ro = cur.fetchone()["ro"]
@@ -101,10 +106,20 @@ def mysql_checks(p: dict[str, Any]) -> None:
                 check(f"mysql {node} admin login", False, str(exc))
             try:
                 pymysql.connect(host=host, port=my["port"], user=my["app"]["user"],
-                                password=p["passwords"]["mysql_app"], connect_timeout=5).close()
-                check(f"mysql {node} app login", True)
+                                password=p["passwords"]["mysql_app"], connect_timeout=5,
+                                **tls.pymysql_kwargs()).close()
+                check(f"mysql {node} app login" + (" over TLS" if tls.enabled else ""), True)
             except pymysql.MySQLError as exc:
                 check(f"mysql {node} app login", False, str(exc))
+            if tls.enabled:  # the fleet has TLS: the server must not take a plaintext login
+                try:
+                    pymysql.connect(host=host, port=my["port"], user=my["app"]["user"],
+                                    password=p["passwords"]["mysql_app"], connect_timeout=5,
+                                    ssl_disabled=True).close()
+                    check(f"mysql {node} refuses a plaintext client", False, "it logged in")
+                except pymysql.MySQLError as exc:
+                    check(f"mysql {node} refuses a plaintext client",
+                          exc.args and exc.args[0] == 1045, str(exc))
 
 
 def zookeeper_checks(p: dict[str, Any]) -> None:
@@ -132,15 +147,25 @@ def cache_checks(p: dict[str, Any]) -> None:
     from pymemcache.client.base import Client
 
     r = p["redis"]
+    # TLS only when the profile names the fleet's CA: the server's name checked too
+    tls = ({"ssl": True, "ssl_ca_certs": r["ca_cert"], "ssl_check_hostname": True}
+           if r.get("ca_cert") else {})
+    if tls:
+        try:
+            redis.Redis(host=r["host"], port=r["port"], password=p["passwords"]["redis"],
+                        socket_timeout=5).ping()
+            check("redis refuses a plaintext client", False, "it answered")
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            check("redis refuses a plaintext client", True)
     try:
-        redis.Redis(host=r["host"], port=r["port"], socket_timeout=5).ping()
+        redis.Redis(host=r["host"], port=r["port"], socket_timeout=5, **tls).ping()
         check("redis refuses a client without the password", False)
     except redis.exceptions.AuthenticationError:
         check("redis refuses a client without the password", True)
     except redis.exceptions.ResponseError as exc:
         check("redis refuses a client without the password", "NOAUTH" in str(exc), str(exc))
     client = redis.Redis(host=r["host"], port=r["port"], password=p["passwords"]["redis"],
-                         socket_timeout=5)
+                         socket_timeout=5, **tls)
     client.set("shardfleet:smoke", "ok", ex=60)
     check("redis round trip", client.get("shardfleet:smoke") == b"ok")
 
@@ -157,6 +182,7 @@ def router_roundtrip(p: dict[str, Any], cluster: str) -> None:
     from shardfleet.mapstore import ZooKeeperMapStore
     from shardfleet.router import Router
     from shardfleet.store import Store
+    from shardfleet.tls import TLS
 
     zk = p["zookeeper"]
     mapstore = ZooKeeperMapStore(zk["hosts"], cluster, root=zk["root"])
@@ -165,7 +191,8 @@ def router_roundtrip(p: dict[str, Any], cluster: str) -> None:
             check("shard map registered", False, f"no map at {mapstore.path}")
             return
         router = Router(mapstore, user=p["mysql"]["app"]["user"],
-                        password=p["passwords"]["mysql_app"])
+                        password=p["passwords"]["mysql_app"],
+                        tls=TLS(ca_cert=p["mysql"].get("ca_cert") or None))
         store = Store(router)
         try:
             body = {"smoke": True, "at": time.time()}

@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- role-vars:begin -->", "<!-- role-vars:end -->"
-ORDER = ["mysql", "zookeeper", "redis", "memcached", "shards", "ec2_fleet"]
+ORDER = ["mysql", "zookeeper", "redis", "memcached", "shards", "tls_cert", "ec2_fleet"]
 WIDTH = 60  # longest default shown in a cell
 # ansible-doc markup: C(code), I(italic), O(option), V(value)
 MARKUP = re.compile(r"\b[CIOV]\(([^()]*)\)")

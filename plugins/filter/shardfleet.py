@@ -72,8 +72,22 @@ def zookeeper_hosts(hosts, hostvars, port=2181):
             f"{int(_hostvar(hostvars, h, 'zookeeper_client_port', port))}" for h in hosts]
 
 
+def mysql_ca_cert(host, hostvars):
+    """The CA file a shardfleet module running on *host* verifies the MySQL servers with,
+    or "" when the fleet has no TLS (``mysql_tls_enabled``, else ``shardfleet_tls_enabled``,
+    false): on a MySQL host the copy the mysql role installed (``mysql_tls_dir``/ca.pem),
+    elsewhere (the control node) ``shardfleet_tls_ca_cert``."""
+    enabled = _hostvar(hostvars, host, "mysql_tls_enabled",
+                       _hostvar(hostvars, host, "shardfleet_tls_enabled", False))
+    if str(enabled).lower() not in ("true", "yes", "on", "1"):
+        return ""
+    if _hostvar(hostvars, host, "shardfleet_pair"):
+        return f"{_hostvar(hostvars, host, 'mysql_tls_dir', '/etc/mysql/tls')}/ca.pem"
+    return str(_hostvar(hostvars, host, "shardfleet_tls_ca_cert", ""))
+
+
 class FilterModule:
     def filters(self):
         return {"shard_split": shard_split, "fleet_address": fleet_address,
                 "mysql_nodes": mysql_nodes, "mysql_labels": mysql_labels,
-                "zookeeper_hosts": zookeeper_hosts}
+                "zookeeper_hosts": zookeeper_hosts, "mysql_ca_cert": mysql_ca_cert}

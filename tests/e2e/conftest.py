@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shardfleet.tls import TLS
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCAL_INVENTORY = REPO / "inventories" / "local"
@@ -48,6 +50,13 @@ E2E_VARS = {
     "shards_last": SHARDS - 1,
     "shards_mod_shard_count": SHARDS,
 }
+# The fleet runs with TLS (inventories/local: mysql_tls_enabled): site.yml makes its CA
+# in .fleet/tls/<label>/ (a fresh one each run) and every server refuses plaintext TCP
+# clients, so the tests connect as the playbooks do, verifying the servers with it.
+TLS_DIR = REPO / ".fleet" / "tls" / E2E_ID
+E2E_TLS = TLS(ca_cert=str(TLS_DIR / "ca.pem"))
+# Redis serves TLS only (the redis role with shardfleet_tls_enabled): redis-py's options
+E2E_REDIS_TLS = {"ssl": True, "ssl_ca_certs": str(TLS_DIR / "ca.pem"), "ssl_check_hostname": True}
 # seconds, a bound against a hung playbook: a fresh site.yml takes 280 s on a quiet
 # 2-core machine, and passed 900 s beside a fault campaign (the fixture then failed all
 # 33 tests)
@@ -196,6 +205,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
     down = f.playbook("fleet-down.yml")  # fresh containers: nothing left from an earlier run
     assert down.rc == 0, down.output[-3000:]
+    shutil.rmtree(TLS_DIR, ignore_errors=True)  # and a fresh CA
     try:
         up = f.playbook("fleet-up.yml")
         assert up.rc == 0, f"fleet-up.yml failed:\n{up.output[-3000:]}"

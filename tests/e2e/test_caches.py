@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import Fleet
+from tests.e2e.conftest import E2E_REDIS_TLS, E2E_TLS, Fleet
 
 pytestmark = pytest.mark.e2e
 
@@ -33,12 +33,13 @@ def test_caches_serve_the_fleet_and_a_stopped_cache_is_a_miss(fleet: Fleet) -> N
     assert fleet.runs["site-fresh"].rc == 0, "site.yml must converge first"
     zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
     router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
-                    password=fleet.secrets["vault_mysql_app_password"])
+                    password=fleet.secrets["vault_mysql_app_password"], tls=E2E_TLS)
     mem_hosts, redis_host = fleet.group("memcached"), fleet.group("redis")[0]
     oc = ObjectCache([f"{fleet.ip(h)}:11211" for h in mem_hosts], prefix=f"e2e{time.time_ns()}:o:")
     mc = MappingCache(redis.Redis(host=fleet.ip(redis_host),
                                   password=fleet.secrets["vault_redis_password"],
-                                  **redis_options(1.0)), prefix=f"e2e{time.time_ns()}:m:")
+                                  **redis_options(1.0), **E2E_REDIS_TLS),
+                      prefix=f"e2e{time.time_ns()}:m:")
     store = Store(router, object_cache=oc, mapping_cache=mc)
     try:
         board = store.create("board", {"title": "e2e"})

@@ -172,3 +172,41 @@ def test_replication_user_has_only_replication_privileges(
     # MariaDB shows REPLICATION CLIENT by its 10.5+ name, BINLOG MONITOR.
     assert len(grants) == 1 and grants[0].startswith(
         "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `shardfleet_repl`@`%`"), grants
+
+
+def test_every_server_refuses_a_plaintext_client_and_takes_tls(fleet: Fleet) -> None:
+    """TLS is on in the fleet (inventories/local): each server refuses a plaintext TCP login
+    with the right password (require_secure_transport: error 1045, as for a wrong one),
+    takes the same login over TLS verified against the fleet's CA (chain and the
+    server's address as an IP SAN), and refuses a client that trusts another CA."""
+    import ssl
+
+    for host in fleet.group("mysql"):
+        password = fleet.secrets["vault_mysql_app_password"]
+        with pytest.raises(pymysql.MySQLError) as refused:
+            pymysql.connect(host=fleet.ip(host), port=3306, user="shardfleet_app",
+                            password=password, connect_timeout=5, ssl_disabled=True)
+        assert refused.value.args[0] == 1045, (host, refused.value)
+        with mysql(fleet, host, "app") as conn, conn.cursor() as cur:
+            cur.execute("SHOW SESSION STATUS LIKE 'Ssl_version'")
+            assert cur.fetchone()["Value"].startswith("TLS"), host
+        with pytest.raises(pymysql.MySQLError, match="CERTIFICATE_VERIFY_FAILED"):
+            pymysql.connect(host=fleet.ip(host), port=3306, user="shardfleet_app",
+                            password=password, connect_timeout=5,
+                            ssl=ssl.create_default_context())  # the system's CAs only
+
+
+def test_every_replication_channel_runs_over_verified_tls(fleet: Fleet) -> None:
+    """Each node's channel from its peer (the mysql role's) uses TLS with the peer's
+    certificate verified, and runs: the peer's require_secure_transport would refuse it
+    otherwise."""
+    for host in fleet.group("mysql"):
+        with mysql(fleet, host) as conn, conn.cursor() as cur:
+            cur.execute("SHOW ALL SLAVES STATUS")
+            channels = cur.fetchall()
+        assert channels, f"{host} has no replication channel"
+        for ch in channels:
+            assert ch["Master_SSL_Allowed"] == "Yes", (host, ch["Connection_name"])
+            assert ch["Master_SSL_Verify_Server_Cert"] == "Yes", (host, ch["Connection_name"])
+            assert ch["Master_SSL_CA_File"] == "/etc/mysql/tls/ca.pem", host
+            assert ch["Slave_IO_Running"] == "Yes", (host, ch["Last_IO_Error"])

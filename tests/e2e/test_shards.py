@@ -11,7 +11,7 @@ from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.router import Router
 from shardfleet.schema import default_schema
 from shardfleet.store import Store
-from tests.e2e.conftest import SHARDS, Fleet
+from tests.e2e.conftest import E2E_TLS, SHARDS, Fleet
 from tests.e2e.test_site import mysql
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,8 @@ def test_every_node_holds_its_pairs_shards_with_every_table(fleet: Fleet) -> Non
 
 def test_router_writes_and_reads_through_the_map(fleet: Fleet) -> None:
     router = Router(ZooKeeperMapStore(zk_hosts(fleet), "default", timeout=10),
-                    user="shardfleet_app", password=fleet.secrets["vault_mysql_app_password"])
+                    user="shardfleet_app", password=fleet.secrets["vault_mysql_app_password"],
+                    tls=E2E_TLS)
     store = Store(router)
     try:
         board = store.create("board", {"title": "e2e"})

@@ -11,7 +11,7 @@ import time
 import pymysql
 import pytest
 
-from tests.e2e.conftest import Fleet
+from tests.e2e.conftest import E2E_REDIS_TLS, E2E_TLS, Fleet
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +22,8 @@ def mysql(fleet: Fleet, host: str, user: str = "admin") -> pymysql.connections.C
               "repl": "vault_mysql_replication_password"}[user]
     return pymysql.connect(host=fleet.ip(host), port=3306, user=names[user],
                            password=fleet.secrets[secret], connect_timeout=5,
-                           autocommit=True, cursorclass=pymysql.cursors.DictCursor)
+                           autocommit=True, cursorclass=pymysql.cursors.DictCursor,
+                           **E2E_TLS.pymysql_kwargs())
 
 
 def four_letter(host: str, word: bytes) -> str:
@@ -175,13 +176,25 @@ def test_zookeeper_refuses_anonymous_write(fleet: Fleet) -> None:
         admin.close()
 
 
-def test_redis_requires_password(fleet: Fleet) -> None:
+def test_redis_requires_tls_and_the_password(fleet: Fleet) -> None:
+    """Redis serves TLS only: a plaintext client gets no answer, a TLS one that trusts
+    other CAs is refused, and over TLS verified against the fleet's CA (the host's
+    address in its certificate) it still wants the password."""
+    import ssl
+
     import redis
 
     host = fleet.ip(fleet.group("redis")[0])
+    password = fleet.secrets["vault_redis_password"]
+    with pytest.raises((redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        redis.Redis(host=host, password=password, socket_timeout=5).ping()
+    with pytest.raises(redis.exceptions.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        redis.Redis(host=host, password=password, socket_timeout=5, ssl=True,
+                    ssl_ca_certs=ssl.get_default_verify_paths().cafile or None,
+                    ssl_check_hostname=True).ping()
     with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError)):
-        redis.Redis(host=host, socket_timeout=5).set("e2e:anonymous", 1)
-    r = redis.Redis(host=host, password=fleet.secrets["vault_redis_password"], socket_timeout=5)
+        redis.Redis(host=host, socket_timeout=5, **E2E_REDIS_TLS).set("e2e:anonymous", 1)
+    r = redis.Redis(host=host, password=password, socket_timeout=5, **E2E_REDIS_TLS)
     assert r.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}
     r.set("e2e:key", "v", ex=30)
     assert r.get("e2e:key") == b"v"

@@ -27,7 +27,7 @@ from shardfleet.router import Router
 from shardfleet.store import Store
 from tests.integration.test_promote import Writer, missing_ids
 
-from .conftest import Fleet, assert_pairs_replicate
+from .conftest import E2E_TLS, Fleet, assert_pairs_replicate
 
 pytestmark = pytest.mark.e2e
 PAIR = "pair001"
@@ -37,7 +37,8 @@ def _admin(fleet: Fleet, server: str, timeout: float = 5) -> pymysql.connections
     host, _, port = server.rpartition(":")
     return pymysql.connect(host=host, port=int(port), user="shardfleet_admin",
                            password=fleet.secrets["vault_mysql_admin_password"],
-                           autocommit=True, connect_timeout=timeout)
+                           autocommit=True, connect_timeout=timeout,
+                           **E2E_TLS.pymysql_kwargs())
 
 
 def _one(conn: pymysql.connections.Connection, sql: str) -> object:
@@ -139,7 +140,7 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
     mapstore = ZooKeeperMapStore(zk, "default")
     router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
                     password=fleet.secrets["vault_mysql_app_password"], frozen_wait=15.0,
-                    connect_timeout=2, read_timeout=10)
+                    connect_timeout=2, read_timeout=10, tls=E2E_TLS)
     store = Store(router)
     report: list[str] = []
     try:
@@ -233,7 +234,8 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
         host, _, port = new.rpartition(":")
         app = pymysql.connect(host=host, port=int(port), user="shardfleet_app",
                               password=fleet.secrets["vault_mysql_app_password"],
-                              autocommit=True)
+                              autocommit=True,
+                              **E2E_TLS.pymysql_kwargs())
         try:
             with pytest.raises(pymysql.err.MySQLError, match="read-only|1290"), \
                     app.cursor() as c:

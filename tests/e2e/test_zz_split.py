@@ -57,6 +57,7 @@ from shardfleet.store import Store
 from shardfleet.testing.kit import Writer, WriterLog, check_writes
 from tests.e2e.conftest import (
     BIN,
+    E2E_TLS,
     NET_TO,
     PREFIX_TO,
     REPO,
@@ -83,7 +84,8 @@ class Node:
     def connect(self) -> pymysql.connections.Connection:
         host, _, port = self.address.rpartition(":")
         return pymysql.connect(host=host, port=int(port), user="shardfleet_admin",
-                               password=self.password, autocommit=True, connect_timeout=5)
+                               password=self.password, autocommit=True, connect_timeout=5,
+                               **E2E_TLS.pymysql_kwargs())
 
 
 def _add_new_pairs(fleet: Fleet, dest: Path) -> tuple[Path, float]:
@@ -289,7 +291,8 @@ def _app_insert(address: str, password: str, shard: int) -> tuple[int | None, st
     """One application write on *address* to *shard*: (its local ID, '') or (None, error)."""
     host, _, port = address.rpartition(":")
     c = pymysql.connect(host=host, port=int(port), user="shardfleet_app", password=password,
-                        autocommit=True, connect_timeout=5, read_timeout=10)
+                        autocommit=True, connect_timeout=5, read_timeout=10,
+                        **E2E_TLS.pymysql_kwargs())
     try:
         with c.cursor() as cur:
             cur.execute(f"INSERT INTO db{shard:05d}.pins (body) VALUES (%s)",
@@ -398,7 +401,7 @@ def _writer(fleet: Fleet, zk: str, shards: list[int], *, frozen_wait: float,
             seconds: int = 600) -> Iterator[tuple[Store, Writer]]:
     router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
                     password=fleet.secrets["vault_mysql_app_password"], frozen_wait=frozen_wait,
-                    connect_timeout=2, read_timeout=10)
+                    connect_timeout=2, read_timeout=10, tls=E2E_TLS)
     store = Store(router)
     # ~100 operations a second per thread, for up to *seconds*: through every split
     w = Writer(store, shards, threads=3, seconds=seconds, max_ops=100 * seconds, pause=0.01)
@@ -640,7 +643,7 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert new.master == _pair_nodes(fleet, "pair005")[0]
         assert [r.bounds for r in m.open_ranges()] == [(lo, hi)], m.table()
         router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
-                        password=fleet.secrets["vault_mysql_app_password"])
+                        password=fleet.secrets["vault_mysql_app_password"], tls=E2E_TLS)
         app = Store(router)
         try:
             created = [app.create("pin", {"n": i}) for i in range(30)]

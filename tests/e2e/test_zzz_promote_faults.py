@@ -51,7 +51,7 @@ from shardfleet.shardmap import ShardRange
 from shardfleet.store import Store
 from tests.integration.test_promote import Writer
 
-from .conftest import BIN, PLAYBOOK_TIMEOUT, REPO, Fleet, Run, assert_pairs_replicate
+from .conftest import BIN, E2E_TLS, PLAYBOOK_TIMEOUT, REPO, Fleet, Run, assert_pairs_replicate
 from .test_zz_promote import (
     _admin,
     _check_acked,
@@ -122,7 +122,7 @@ def _one_writable_per_pair(fleet: Fleet) -> None:
 def _routed(fleet: Fleet) -> tuple[Router, Store]:
     router = Router(ZooKeeperMapStore(_zk(fleet), "default"), user="shardfleet_app",
                     password=fleet.secrets["vault_mysql_app_password"], frozen_wait=15.0,
-                    connect_timeout=2, read_timeout=10)
+                    connect_timeout=2, read_timeout=10, tls=E2E_TLS)
     return router, Store(router)
 
 

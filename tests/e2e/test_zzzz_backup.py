@@ -38,7 +38,7 @@ from shardfleet.store import Store
 from shardfleet.testing.kit import Writer
 from tests.integration.s3_fixtures import KEYS, S3, moto_s3
 
-from .conftest import E2E_VARS, PREFIX_TO, REPO, Fleet
+from .conftest import E2E_TLS, E2E_VARS, PREFIX_TO, REPO, Fleet
 from .test_zz_promote import _admin, _check_acked, _one
 from .test_zz_split import _play as _play_on
 from .test_zzz_promote_faults import _read_only, _zk
@@ -132,7 +132,7 @@ def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
     # -- 1. the standby's backup, under a writer ------------------------------------------
     router = Router(ZooKeeperMapStore(zk, "default"), user="shardfleet_app",
                     password=fleet.secrets["vault_mysql_app_password"], frozen_wait=15.0,
-                    connect_timeout=2, read_timeout=10)
+                    connect_timeout=2, read_timeout=10, tls=E2E_TLS)
     store = Store(router)
     writes = random.Random(6).sample(shards, 16)
     w = Writer(store, writes, threads=2, seconds=600, max_ops=50_000, pause=0.01).start()
