@@ -162,12 +162,17 @@ def fleet(
 SHARD_VARS = ["-e", "shards_last=255", "-e", "shards_mod_shard_count=256"]
 
 
+def tls_dir(inventory: Path) -> str:
+    """The test fleet's CA directory (the aws inventory has TLS on; SHARDFLEET_TLS_DIR)."""
+    return str(inventory.parent / "tls")
+
+
 def run_site(moto: Moto, inventory: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "site.yml"),
-         *SHARD_VARS],
+         *SHARD_VARS, "-e", "shardfleet_tls_ca_generate=true"],
         cwd=REPO,
-        env=ansible_env(moto, SHARDFLEET_CLUSTER=CLUSTER),
+        env=ansible_env(moto, SHARDFLEET_CLUSTER=CLUSTER, SHARDFLEET_TLS_DIR=tls_dir(inventory)),
         capture_output=True,
         text=True,
         timeout=900,
@@ -248,13 +253,21 @@ def test_site_yml_through_the_aws_inventory_builds_a_working_fleet(
     zk = names["zookeeper"][0]
     assert "imok" in ask(names["mysql"][0], addr[zk], 2181, "ruok"), "ZooKeeper did not answer ruok"
     vault = yaml.safe_load((fleet["inventory"] / "group_vars" / "all" / "vault.yml").read_text())
-    reply = ask(
-        names["mysql"][0],
-        addr[names["redis"][0]],
-        6379,
-        f"AUTH {vault['vault_redis_password']}\\r\\nPING\\r\\n",
-    )
-    assert "+PONG" in reply, f"Redis did not answer PING after AUTH: {reply!r}"
+    # TLS on (the aws inventory's default): Redis answers a verified TLS client with the
+    # password and no plaintext one; MySQL refuses a plaintext login over TCP
+    redis = addr[names["redis"][0]]
+    plain_redis = podman("exec", names["mysql"][0], "python3", "-c", TCP_ASK, redis, "6379",
+                         f"AUTH {vault['vault_redis_password']}\\r\\nPING\\r\\n", check=False)
+    assert "+PONG" not in plain_redis.stdout, "Redis answered a plaintext client"
+    reply = sh(names["redis"][0], f"printf 'AUTH %s\\nPING\\n' '{vault['vault_redis_password']}' | "
+               f"redis-cli --tls --cacert /etc/redis/tls/ca.pem -h {redis} -p 6379")
+    assert "PONG" in reply, f"Redis did not answer PING after AUTH over TLS: {reply!r}"
+    plain = podman("exec", side_a, "mysql", "--skip-ssl", "-h", addr[side_b], "-u",
+                   "shardfleet_app", f"-p{vault['vault_mysql_app_password']}", "-e", "SELECT 1",
+                   check=False)
+    assert plain.returncode != 0 and "Access denied" in plain.stderr, plain.stderr
+    for me in (side_a, side_b):
+        assert "Master_SSL_Verify_Server_Cert: Yes" in sh(me, "mysql -e 'SHOW SLAVE STATUS\\G'")
     reply = ask(names["mysql"][0], addr[names["memcached"][0]], 11211, "version\\r\\n")
     assert reply.startswith("VERSION"), f"memcached did not answer version: {reply!r}"
 
@@ -266,7 +279,8 @@ def test_site_yml_through_the_aws_inventory_builds_a_working_fleet(
     proc = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(fleet["inventory"]),
          str(REPO / "playbooks" / "fleet-status.yml")],
-        cwd=REPO, env=ansible_env(moto_server, SHARDFLEET_CLUSTER=CLUSTER),
+        cwd=REPO, env=ansible_env(moto_server, SHARDFLEET_CLUSTER=CLUSTER,
+                                  SHARDFLEET_TLS_DIR=tls_dir(fleet["inventory"])),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
