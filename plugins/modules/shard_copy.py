@@ -91,6 +91,16 @@ options:
     description: I(mode=send) seconds to keep trying to reach the receiver.
     type: float
     default: 120
+  tls_dir:
+    description:
+      - Directory of this node's TLS files as the C(tls_cert) role installs them
+        (C(ca.pem), C(server.pem), C(server.key)); given, the copy runs over TLS.
+      - I(mode=receive) shows this node's certificate; I(mode=send) verifies each
+        receiver's against C(ca.pem) and its address before sending anything. A peer
+        that does not speak TLS gets nothing.
+      - Unset (or empty), plain TCP (the copy's secret still decides who may send).
+        The playbooks set it when the fleet has TLS (C(shardfleet_tls_enabled)).
+    type: path
 attributes:
   check_mode:
     support: full
@@ -150,6 +160,8 @@ def receive(module):
     p = module.params
     incoming = p["datadir"].rstrip("/") + ".incoming"
     if module.check_mode:
+        if p.get("tls_dir"):  # a missing or bad certificate fails the preflight, named
+            stream_tls(p).server_context  # noqa: B018
         module.exit_json(changed=True, msg=f"would listen on {p['bind']}:{p['port']}, extract "
                                            f"into {incoming}, prepare, replace {p['datadir']}")
     import shutil
@@ -158,7 +170,8 @@ def receive(module):
     # lock goes with its process)
     with physical.copy_lock(p["datadir"], wait=p["timeout"]) as mark:
         shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
-        rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"])
+        rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"],
+                               tls=stream_tls(p))
         try:  # open until the end: it answers status requests (the split's watch)
             got = rx.receive(incoming, timeout=p["timeout"],
                              on_sender=lambda: mark("receiving"))
@@ -178,6 +191,13 @@ def receive(module):
     return dict(changed=True, position=pos, bytes=got.bytes, seconds=round(got.seconds, 3))
 
 
+def stream_tls(p):
+    """The copy's TLS from tls_dir, or None (plain TCP)."""
+    from shardfleet.tls import StreamTLS
+
+    return StreamTLS.from_dir(p["tls_dir"]) if p.get("tls_dir") else None
+
+
 def send(module):
     from shardfleet import physical
 
@@ -192,7 +212,8 @@ def send(module):
         argv = physical.backup_argv(defaults_file=cnf, datadir=p["datadir"],
                                     socket_path=p["login_unix_socket"], parallel=p["parallel"])
         sent = physical.send(p["target"], p["secret"], argv, compress=p["compress"],
-                             connect_timeout=p["connect_timeout"], reply_timeout=p["timeout"])
+                             connect_timeout=p["connect_timeout"], reply_timeout=p["timeout"],
+                             tls=stream_tls(p))
     return dict(changed=False, bytes=sent.bytes, seconds=round(sent.seconds, 3))
 
 
@@ -215,6 +236,7 @@ def main():
             use_memory=dict(type="str", default="256M"),
             timeout=dict(type="float", default=3600),
             connect_timeout=dict(type="float", default=120),
+            tls_dir=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -14,6 +14,11 @@ bytes; a zero length ends the stream. The receiver then answers ``OK <bytes>\\n`
 ``mbstream`` extracted everything, or ``ERR <reason>\\n``: a sender that gets no
 ``OK`` knows the copy did not land. Compression (zstd) is a flag in the handshake.
 
+With *tls* (:class:`shardfleet.tls.StreamTLS`: the hosts' certificates from the fleet's
+CA, as the ``tls_cert`` role installs them) the whole connection, handshake included,
+runs over TLS: the sender and a status client verify the receiver's certificate (chain
+and address) before anything else; a plaintext or unverified peer gets nothing.
+
 Both ends are plain functions so that the integration tier runs them on host processes
 and the ``shard_copy`` module runs them on fleet nodes.
 """
@@ -28,6 +33,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import tempfile
@@ -40,7 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardfleet.errors import ShardfleetError
-from shardfleet.tls import TLS
+from shardfleet.tls import TLS, StreamTLS
 
 MAGIC = b"SFCOPY1\n"
 FRAME = 1 << 20          # bytes read from the backup per frame
@@ -139,13 +145,15 @@ def client_defaults(directory: str, user: str, password: str, tls: TLS | None = 
 
 
 def send(target: str | Sequence[str], secret: str, argv: list[str], *, compress: bool = False,
-         connect_timeout: float = 60.0, reply_timeout: float = 3600.0) -> Sent:
+         connect_timeout: float = 60.0, reply_timeout: float = 3600.0,
+         tls: StreamTLS | None = None) -> Sent:
     """Run *argv* (a streaming backup) and send its output to the receiver at *target*
     (``host:port``), or to each of several receivers at once (one backup, the same bytes
     to every one: copies at one GTID position, as a split's new pair needs). A receiver
     may still be starting: connecting is retried until *connect_timeout*. Returns once
     every receiver confirmed it extracted everything; one that did not fails the send
-    (the others keep what they extracted, unused until installed)."""
+    (the others keep what they extracted, unused until installed). With *tls*, each
+    receiver's certificate is verified first (module docstring)."""
     targets = [target] if isinstance(target, str) else list(target)
     if not targets:
         raise CopyFailed("no receiver to send the copy to")
@@ -155,8 +163,9 @@ def send(target: str | Sequence[str], secret: str, argv: list[str], *, compress:
     with contextlib.ExitStack() as stack, tempfile.TemporaryFile() as err:
         for t in targets:
             host, _, port = t.rpartition(":")
-            sock = stack.enter_context(
-                _connect_retrying(host.strip("[]"), int(port), connect_timeout))
+            sock = stack.enter_context(_client_tls(
+                _connect_retrying(host.strip("[]"), int(port), connect_timeout),
+                host.strip("[]"), tls, t))
             sock.settimeout(reply_timeout)
             challenge = _recv_exact(sock, len(MAGIC) + 32)
             if not challenge.startswith(MAGIC):
@@ -248,6 +257,19 @@ def _connect_retrying(host: str, port: int, timeout: float) -> socket.socket:
             time.sleep(0.2)
 
 
+def _client_tls(sock: socket.socket, host: str, tls: StreamTLS | None,
+                where: str) -> socket.socket:
+    """*sock* over TLS when *tls* is given, the receiver at *host* verified (closed and
+    CopyFailed when it cannot be)."""
+    if tls is None:
+        return sock
+    try:
+        return tls.client_context.wrap_socket(sock, server_hostname=host)
+    except (ssl.SSLError, OSError) as exc:
+        sock.close()
+        raise CopyFailed(f"TLS to the copy receiver at {where} failed: {exc}") from None
+
+
 def _pump_frames(src: IO[bytes], socks: Sequence[socket.socket]) -> int:
     total = 0
     while True:
@@ -282,8 +304,12 @@ class Receiver:
     ``installing``, ``installed``, ``failed``), ``bytes`` received and ``seconds`` since
     the sender came. A split's runner polls it for the copy's progress."""
 
-    def __init__(self, secret: str, bind: str = "0.0.0.0", port: int = 0) -> None:
+    def __init__(self, secret: str, bind: str = "0.0.0.0", port: int = 0,
+                 tls: StreamTLS | None = None) -> None:
         self.secret = secret
+        self.tls = tls
+        if tls is not None:
+            tls.server_context  # noqa: B018 - a bad file fails here, before any listening
         self.sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((bind, port))
@@ -314,6 +340,17 @@ class Receiver:
             st["seconds"] = round(time.monotonic() - self._since, 3)
         return (json.dumps(st) + "\n").encode()
 
+    def _accepted(self, conn: socket.socket) -> socket.socket | None:
+        """*conn* over TLS when the receiver has it (None: the peer did not complete the
+        handshake, a plaintext client say, and is dropped)."""
+        if self.tls is None:
+            return conn
+        try:
+            return self.tls.server_context.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError):
+            conn.close()
+            return None
+
     def _challenge(self, conn: socket.socket) -> bytes | None:
         """Challenge *conn*: the flag byte it sent with a right answer (``z`` or ``-``:
         the sender, compressed or not; ``s``: a status request, answered here), or None
@@ -340,9 +377,12 @@ class Receiver:
                 continue
             except OSError:
                 return
-            with conn:
-                conn.settimeout(5.0)
-                self._challenge(conn)
+            conn.settimeout(5.0)
+            secured = self._accepted(conn)
+            if secured is None:
+                continue
+            with secured:
+                self._challenge(secured)
 
     def receive(self, directory: str, timeout: float = 3600.0,
                 on_sender: Callable[[], Any] | None = None) -> Received:
@@ -361,8 +401,12 @@ class Receiver:
                 conn, peer = self.sock.accept()
             except TimeoutError:
                 continue
+            conn.settimeout(min(left, 60.0))
+            secured = self._accepted(conn)
+            if secured is None:
+                continue  # a peer that does not speak TLS to a receiver that does
+            conn = secured
             with conn:
-                conn.settimeout(min(left, 60.0))
                 flag = self._challenge(conn)
                 if flag is None or flag == b"s":
                     continue  # not the sender of this copy, or a status request
@@ -427,12 +471,14 @@ class Receiver:
             return total
 
 
-def status(target: str, secret: str, timeout: float = 5.0) -> dict[str, Any] | None:
+def status(target: str, secret: str, timeout: float = 5.0,
+           tls: StreamTLS | None = None) -> dict[str, Any] | None:
     """The receiver at *target*'s state (:class:`Receiver`), or None when nothing there
-    answers as one (not listening yet, or done and gone)."""
+    answers as one (not listening yet, or done and gone, or, with *tls*, not verified)."""
     host, _, port = target.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+        plain = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        with _client_tls(plain, host.strip("[]"), tls, target) as sock:
             sock.settimeout(timeout)
             challenge = _recv_exact(sock, len(MAGIC) + 32)
             if not challenge.startswith(MAGIC):

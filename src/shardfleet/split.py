@@ -63,7 +63,7 @@ from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
 from shardfleet.ops import Journal, Runner, Step, StepResult, servers_lock
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
-from shardfleet.tls import TLS
+from shardfleet.tls import TLS, StreamTLS
 
 log = logging.getLogger(__name__)
 
@@ -623,7 +623,8 @@ class Split:
         tasks says why: the watch only reports). Only while the journal still names the copy
         this run made: a newer run's copy is never touched, and the journal is written
         by version (a concurrent write wins; this round is skipped). Returns the last
-        progress written. Takes no lock: it changes nothing but the progress."""
+        progress written. Takes no lock: it changes nothing but the progress. With a
+        ``ca_cert`` in the split's TLS, the receivers are asked over TLS, verified by it."""
         data = self.resolve() or {}
         copy = dict(data.get("copy") or {})
         copy_id = str(copy.get("copy_id") or "")
@@ -635,9 +636,12 @@ class Split:
         deadline = time.monotonic() + timeout
         progress: dict[str, Any] = {}
         heard = time.monotonic()
+        # the fleet's copies run over TLS when its MySQL connections do (shard_copy's
+        # tls_dir): the receivers are verified against the same CA
+        stream = StreamTLS(self.tls.ca_cert) if self.tls and self.tls.ca_cert else None
         while True:
             for r in receivers:
-                st = physical.status(r, secret, timeout=min(5.0, interval * 2))
+                st = physical.status(r, secret, timeout=min(5.0, interval * 2), tls=stream)
                 if st is not None:
                     seen[r] = st
                     heard = time.monotonic()

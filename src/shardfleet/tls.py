@@ -119,3 +119,59 @@ class TLS:
 
 
 OFF = TLS()
+
+
+@dataclass(frozen=True)
+class StreamTLS:
+    """TLS of the physical copy stream (:mod:`shardfleet.physical`) between two fleet
+    hosts, with the files the ``tls_cert`` role gives each MySQL host: the receiver shows
+    its certificate (*cert*, *key*); the sender and a status client check it against the
+    fleet's CA (*ca_cert*) and the receiver's address (an IP SAN). The copy's secret
+    still decides who may send; TLS keeps the data and the receiver's identity safe on
+    the wire."""
+
+    ca_cert: str
+    cert: str | None = None
+    key: str | None = None
+
+    @classmethod
+    def from_dir(cls, directory: str) -> StreamTLS:
+        """The tls_cert role's layout: ``ca.pem``, ``server.pem``, ``server.key``."""
+        d = directory.rstrip("/")
+        return cls(f"{d}/ca.pem", f"{d}/server.pem", f"{d}/server.key")
+
+    def _readable(self, *options: str) -> None:
+        for option in options:
+            path = getattr(self, option)
+            if not path:
+                raise InvalidInputError(f"copy TLS: {option} is not given")
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise InvalidInputError(f"copy TLS {option}: cannot read {path}: "
+                                        f"{exc.strerror}") from None
+
+    @functools.cached_property
+    def server_context(self) -> ssl.SSLContext:
+        """The receiver's context (its certificate; no client certificate asked)."""
+        self._readable("cert", "key")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(str(self.cert), self.key or None)
+        except ssl.SSLError as exc:
+            raise InvalidInputError(f"copy TLS cert/key: {self.cert}: {exc}") from None
+        return ctx
+
+    @functools.cached_property
+    def client_context(self) -> ssl.SSLContext:
+        """The sender's and status client's context: the receiver verified, name too."""
+        self._readable("ca_cert")
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_cert)
+        except ssl.SSLError as exc:
+            raise InvalidInputError(f"copy TLS ca_cert: {self.ca_cert}: {exc}") from None
+        ctx.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx

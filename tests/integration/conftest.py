@@ -15,6 +15,8 @@ from shardfleet.shardmap import ShardMap
 from shardfleet.store import Store
 from shardfleet.testing import MariaDBServer, ZooKeeperServer
 
+from .certs import certs  # noqa: F401 - the session's throwaway CA, for the TLS tests
+
 APP_USER = "sf_app"
 APP_PASSWORD = "sf-app-test"
 SHARDS_A = list(range(0, 16))
