@@ -58,11 +58,14 @@ from shardfleet.router import Router  # noqa: E402
 from shardfleet.shardmap import ShardMap  # noqa: E402
 from shardfleet.store import Store  # noqa: E402
 from shardfleet.testing.kit import Writer  # noqa: E402
+from shardfleet.tls import TLS  # noqa: E402
 
 BIN = ROOT / ".venv" / "bin"
 INVENTORY = ROOT / "inventories" / "local"
 PREFIX = "sfscale-"
 NET = "10.242.3."
+# the fleet has TLS (inventories/local): site.yml makes its CA here (label "scale")
+FLEET_TLS = TLS(ca_cert=str(ROOT / ".fleet" / "tls" / "scale" / "ca.pem"))
 SPLIT_SHARDS = 64  # the split moves the top 64 of pair001's range, whatever its size
 # The simulation's MariaDB: many small servers on one machine.
 SIM_VARS = {
@@ -222,7 +225,7 @@ def _map(f: Fleet) -> ShardMap:
 def _router(f: Fleet) -> tuple[Router, Store]:
     router = Router(ZooKeeperMapStore(f.zk, "default"), user="shardfleet_app",
                     password=f.secrets["vault_mysql_app_password"], frozen_wait=60,
-                    connect_timeout=2, read_timeout=10)
+                    connect_timeout=2, read_timeout=10, tls=FLEET_TLS)
     return router, Store(router)
 
 
