@@ -117,9 +117,15 @@ def _env() -> dict[str, str]:
 
 def _play(fleet: Fleet, inventory: Path, playbook: Path, *args: str) -> tuple[int, str, float]:
     t0 = time.monotonic()
-    p = subprocess.run(_cmd(fleet, inventory, playbook, *args), cwd=REPO, env=_env(),
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
-                       check=False)
+    try:
+        p = subprocess.run(_cmd(fleet, inventory, playbook, *args), cwd=REPO, env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=900, check=False)
+    except subprocess.TimeoutExpired as exc:  # say where it hung
+        out = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) \
+            else str(exc.output or "")
+        raise AssertionError(f"{playbook.name} {' '.join(args)} still ran after 900 s:\n"
+                             f"{out[-5000:]}") from None
     return p.returncode, p.stdout, time.monotonic() - t0
 
 
