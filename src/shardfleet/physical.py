@@ -9,6 +9,11 @@ never crosses the wire: the receiver sends a random challenge and the sender ans
 with its HMAC-SHA256. The GTID position of the copy comes from the backup's own
 ``xtrabackup_binlog_info``.
 
+The receiver answers the sender it takes with ``+``; a sender that gets anything else
+(the connection closed: a receiver of another copy, an older run's still holding the
+port, or a wrong secret) closes and connects again until its *connect_timeout*, so it
+never streams into a receiver that is not its own.
+
 Wire format after the handshake: frames of a 4-byte big-endian length and that many
 bytes; a zero length ends the stream. The receiver then answers ``OK <bytes>\\n`` once
 ``mbstream`` extracted everything, or ``ERR <reason>\\n``: a sender that gets no
@@ -48,8 +53,9 @@ from typing import IO, Any
 from shardfleet.errors import ShardfleetError
 from shardfleet.tls import TLS, StreamTLS
 
-MAGIC = b"SFCOPY1\n"
+MAGIC = b"SFCOPY2\n"
 FRAME = 1 << 20          # bytes read from the backup per frame
+ACCEPTED = b"+"          # the receiver's answer to the sender it takes
 BINLOG_INFO = "xtrabackup_binlog_info"
 
 
@@ -162,15 +168,9 @@ def send(target: str | Sequence[str], secret: str, argv: list[str], *, compress:
     socks: list[socket.socket] = []
     with contextlib.ExitStack() as stack, tempfile.TemporaryFile() as err:
         for t in targets:
-            host, _, port = t.rpartition(":")
-            sock = stack.enter_context(_client_tls(
-                _connect_retrying(host.strip("[]"), int(port), connect_timeout),
-                host.strip("[]"), tls, t))
+            sock = stack.enter_context(_open_receiver(t, secret, b"z" if compress else b"-",
+                                                      tls, connect_timeout))
             sock.settimeout(reply_timeout)
-            challenge = _recv_exact(sock, len(MAGIC) + 32)
-            if not challenge.startswith(MAGIC):
-                raise CopyFailed(f"{t} is not a shardfleet copy receiver")
-            sock.sendall(_proof(secret, challenge[len(MAGIC):]) + (b"z" if compress else b"-"))
             socks.append(sock)
         procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err,
                                   stdin=subprocess.DEVNULL)]
@@ -245,16 +245,42 @@ def _raise_open_files(want: int = 1 << 20) -> None:
             continue
 
 
-def _connect_retrying(host: str, port: int, timeout: float) -> socket.socket:
+def _open_receiver(target: str, secret: str, flag: bytes, tls: StreamTLS | None,
+                   timeout: float) -> socket.socket:
+    """A connection to the receiver of this copy at *target* that took this sender (its
+    ``+``), connecting again until *timeout* while what answers there does not take it:
+    an older copy's receiver still holding the port, or one not listening yet. A
+    receiver whose certificate fails the check is not tried again."""
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
     deadline = time.monotonic() + timeout
+    why = ""
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CopyFailed(f"no copy receiver for this copy at {target} within "
+                             f"{timeout:.0f}s ({why or 'nothing answered'})")
         try:
-            return socket.create_connection((host, port), timeout=5)
+            plain = socket.create_connection((host, int(port)), timeout=min(5.0, left))
         except OSError as exc:
-            if time.monotonic() > deadline:
-                raise CopyFailed(f"no copy receiver at {host}:{port} within {timeout:.0f}s "
-                                 f"({exc})") from None
+            why = str(exc)
             time.sleep(0.2)
+            continue
+        sock = _client_tls(plain, host, tls, target)
+        try:
+            sock.settimeout(min(30.0, max(left, 1.0)))
+            challenge = _recv_exact(sock, len(MAGIC) + 32)
+            if challenge.startswith(MAGIC):
+                sock.sendall(_proof(secret, challenge[len(MAGIC):]) + flag)
+                if sock.recv(1) == ACCEPTED:
+                    return sock
+                why = "a receiver answered that did not take this copy's secret"
+            else:
+                why = "what answered is not a shardfleet copy receiver (of this version)"
+        except (OSError, CopyFailed) as exc:
+            why = str(exc)
+        sock.close()
+        time.sleep(0.5)
 
 
 def _client_tls(sock: socket.socket, host: str, tls: StreamTLS | None,
@@ -381,7 +407,7 @@ class Receiver:
             secured = self._accepted(conn)
             if secured is None:
                 continue
-            with secured:
+            with secured:  # a second sender gets no "+": this copy is taken
                 self._challenge(secured)
 
     def receive(self, directory: str, timeout: float = 3600.0,
@@ -410,6 +436,10 @@ class Receiver:
                 flag = self._challenge(conn)
                 if flag is None or flag == b"s":
                     continue  # not the sender of this copy, or a status request
+                try:
+                    conn.sendall(ACCEPTED)
+                except OSError:
+                    continue  # it went away: wait for it to come again
                 if on_sender is not None:
                     on_sender()
                 self._since = time.monotonic()

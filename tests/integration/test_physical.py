@@ -399,3 +399,71 @@ def test_a_copy_over_tls_arrives_and_plaintext_or_another_ca_gets_nothing(pair, 
     assert isinstance(sent, CopyFailed), sent
     assert isinstance(got, CopyFailed) and "no sender" in str(got), got
     assert not (tmp_path / "plain").exists()
+
+
+def test_a_sender_never_streams_into_another_copys_receiver(pair, tmp_path):
+    """An older copy's receiver (a killed run's, still receiving) holds the port when a
+    rerun's sender connects: the sender is not taken there (another secret), so it
+    connects again until its own receiver listens on the port, and its copy arrives
+    whole. Before the receiver's "+", it streamed into the old receiver's status thread
+    and failed (or, for the old receiver's sender, broke the copy)."""
+    import socket as _socket
+
+    master, _ = roles(pair)
+    old = physical.Receiver("old-secret", bind="127.0.0.1")
+    port = old.port
+    # the old copy is under way: its sender came (the status thread answers the port)
+    peer = _socket.create_connection(("127.0.0.1", port))
+    got: dict[str, Any] = {}
+
+    def old_receive() -> None:
+        try:
+            got["old"] = old.receive(str(tmp_path / "old"), timeout=30)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            got["old"] = exc
+
+    t_old = threading.Thread(target=old_receive)
+    t_old.start()
+    challenge = physical._recv_exact(peer, len(physical.MAGIC) + 32)
+    peer.sendall(physical._proof("old-secret", challenge[len(physical.MAGIC):]) + b"-")
+    assert peer.recv(1) == physical.ACCEPTED
+
+    new: dict[str, Any] = {}
+
+    def send_new() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                new["sent"] = physical.send(f"127.0.0.1:{port}", "new-secret",
+                                            backup_of(master, tmp), connect_timeout=60,
+                                            reply_timeout=60)
+            except CopyFailed as exc:
+                new["sent"] = exc
+
+    t_new = threading.Thread(target=send_new)
+    t_new.start()
+    import time as _time
+
+    _time.sleep(3)  # the new sender knocks at the old receiver meanwhile
+    assert "sent" not in new, new
+    # the old copy ends (its sender's zero frame), its receiver goes; the new one listens
+    peer.sendall(b"\x00\x00\x00\x00")
+    peer.recv(64)  # its answer to an empty stream: not this test's point
+    peer.close()
+    t_old.join(60)
+    old.close()
+    rx = None
+    for _ in range(50):  # the port is free again once the old listener closed
+        try:
+            rx = physical.Receiver("new-secret", bind="127.0.0.1", port=port)
+            break
+        except OSError:
+            _time.sleep(0.1)
+    assert rx is not None, "the port never came free"
+    try:
+        got_new = rx.receive(str(tmp_path / "new"), timeout=60)
+    finally:
+        t_new.join(90)
+        rx.close()
+    assert isinstance(new.get("sent"), physical.Sent), new
+    assert got_new.bytes == new["sent"].bytes
+    assert (tmp_path / "new" / physical.BINLOG_INFO).exists()
