@@ -57,15 +57,7 @@ class TLS:
     @functools.cached_property
     def context(self) -> ssl.SSLContext:
         """The client context (made once; raises InvalidInputError naming a bad file)."""
-        for option in ("ca_cert", "client_cert", "client_key"):
-            path = getattr(self, option)
-            if path:
-                try:
-                    with open(path, "rb"):
-                        pass
-                except OSError as exc:
-                    raise InvalidInputError(f"TLS option {option}: cannot read {path}: "
-                                            f"{exc.strerror}") from None
+        _readable(self, "TLS option", ("ca_cert", "client_cert", "client_key"))
         try:
             ctx = ssl.create_default_context(cafile=self.ca_cert or None)
         except ssl.SSLError as exc:
@@ -121,6 +113,23 @@ class TLS:
 OFF = TLS()
 
 
+def _readable(opts: Any, what: str, options: tuple[str, ...], *, required: bool = False) -> None:
+    """Raise InvalidInputError naming the first of *options* (paths, attributes of *opts*)
+    that cannot be read (or, *required*, is not given)."""
+    for option in options:
+        path = getattr(opts, option)
+        if not path:
+            if required:
+                raise InvalidInputError(f"{what} {option} is not given")
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise InvalidInputError(f"{what} {option}: cannot read {path}: "
+                                    f"{exc.strerror}") from None
+
+
 @dataclass(frozen=True)
 class StreamTLS:
     """TLS of the physical copy stream (:mod:`shardfleet.physical`) between two fleet
@@ -140,22 +149,10 @@ class StreamTLS:
         d = directory.rstrip("/")
         return cls(f"{d}/ca.pem", f"{d}/server.pem", f"{d}/server.key")
 
-    def _readable(self, *options: str) -> None:
-        for option in options:
-            path = getattr(self, option)
-            if not path:
-                raise InvalidInputError(f"copy TLS: {option} is not given")
-            try:
-                with open(path, "rb"):
-                    pass
-            except OSError as exc:
-                raise InvalidInputError(f"copy TLS {option}: cannot read {path}: "
-                                        f"{exc.strerror}") from None
-
     @functools.cached_property
     def server_context(self) -> ssl.SSLContext:
         """The receiver's context (its certificate; no client certificate asked)."""
-        self._readable("cert", "key")
+        _readable(self, "copy TLS", ("cert", "key"), required=True)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         try:
@@ -167,7 +164,7 @@ class StreamTLS:
     @functools.cached_property
     def client_context(self) -> ssl.SSLContext:
         """The sender's and status client's context: the receiver verified, name too."""
-        self._readable("ca_cert")
+        _readable(self, "copy TLS", ("ca_cert",), required=True)
         try:
             ctx = ssl.create_default_context(cafile=self.ca_cert)
         except ssl.SSLError as exc:

@@ -42,10 +42,13 @@ def backup_of(server: MariaDBServer, workdir: str, password: str | None = None) 
 
 def stream(server: MariaDBServer, dest: str, *, secret: str = "s3cret",
            sender_secret: str | None = None, password: str | None = None,
-           compress: bool = False, wait: float = 60) -> tuple[physical.Sent | None, Any]:
-    """Send a backup of *server* to a receiver extracting into *dest*: (what the sender
-    reports or None, what the receiver returned or the exception it raised)."""
-    rx = physical.Receiver(secret, bind="127.0.0.1")
+           compress: bool = False, wait: float = 60, rx_tls: Any = None, tx_tls: Any = None,
+           errors: dict[str, Any] | None = None) -> tuple[physical.Sent | None, Any]:
+    """Send a backup of *server* to a receiver extracting into *dest* (the receiver's and
+    the sender's StreamTLS *rx_tls*, *tx_tls*): (what the sender reports or None, what the
+    receiver returned or the exception it raised); the sender's CopyFailed goes into
+    *errors* ("sent_error") when given."""
+    rx = physical.Receiver(secret, bind="127.0.0.1", tls=rx_tls)
     got: dict[str, Any] = {}
 
     def receive() -> None:
@@ -61,9 +64,11 @@ def stream(server: MariaDBServer, dest: str, *, secret: str = "s3cret",
         with tempfile.TemporaryDirectory() as tmp:
             sent = physical.send(f"127.0.0.1:{rx.port}", sender_secret or secret,
                                  backup_of(server, tmp, password), compress=compress,
-                                 connect_timeout=10, reply_timeout=60)
+                                 connect_timeout=10, reply_timeout=60, tls=tx_tls)
     except CopyFailed as exc:
         got["sent_error"] = exc
+        if errors is not None:
+            errors["sent_error"] = exc
     finally:
         t.join(wait + 30)
         rx.close()
@@ -340,39 +345,6 @@ def test_a_node_left_unstartable_by_a_killed_install_gets_a_new_copy(pair, zk_st
     both_ways(old, new)
 
 
-def _tls_stream(server: MariaDBServer, dest: str, *, rx_tls: Any, tx_tls: Any,
-                wait: float = 30) -> tuple[Any, Any]:
-    """Send a backup of *server* with the sender's TLS *tx_tls* to a receiver with
-    *rx_tls*: (the sender's result or its CopyFailed, the receiver's result or error)."""
-    rx = physical.Receiver("s3cret", bind="127.0.0.1", tls=rx_tls)
-    got: dict[str, Any] = {}
-
-    def receive() -> None:
-        try:
-            got["r"] = rx.receive(dest, timeout=wait)
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            got["r"] = exc
-
-    t = threading.Thread(target=receive)
-    t.start()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                sent: Any = physical.send(f"127.0.0.1:{rx.port}", "s3cret",
-                                          backup_of(server, tmp), connect_timeout=10,
-                                          reply_timeout=60, tls=tx_tls)
-            except CopyFailed as exc:
-                sent = exc
-            if rx_tls is not None and tx_tls is not None and not isinstance(sent, Exception):
-                # the status client speaks TLS too; a plaintext one gets nothing
-                assert physical.status(f"127.0.0.1:{rx.port}", "s3cret", tls=tx_tls) \
-                    or got.get("r") is not None
-    finally:
-        t.join(wait + 30)
-        rx.close()
-    return sent, got.get("r")
-
-
 def test_a_copy_over_tls_arrives_and_plaintext_or_another_ca_gets_nothing(pair, tmp_path,
                                                                           certs):
     """shard_copy's tls_dir: the receiver shows its certificate (IP SAN 127.0.0.1), the
@@ -383,21 +355,21 @@ def test_a_copy_over_tls_arrives_and_plaintext_or_another_ca_gets_nothing(pair, 
     master, _ = roles(pair)
     rx_tls = StreamTLS(str(certs / "ca.pem"), str(certs / "server.pem"),
                        str(certs / "server.key"))
-    sent, got = _tls_stream(master, str(tmp_path / "tls"), rx_tls=rx_tls,
-                            tx_tls=StreamTLS(str(certs / "ca.pem")))
-    assert isinstance(sent, physical.Sent) and sent.bytes > 0, sent
+    sent, got = stream(master, str(tmp_path / "tls"), rx_tls=rx_tls,
+                       tx_tls=StreamTLS(str(certs / "ca.pem")))
+    assert sent is not None and sent.bytes > 0, got
     assert isinstance(got, physical.Received) and got.bytes == sent.bytes, got
     assert (tmp_path / "tls" / physical.BINLOG_INFO).exists()
 
-    sent, got = _tls_stream(master, str(tmp_path / "other"), rx_tls=rx_tls,
-                            tx_tls=StreamTLS(str(certs / "other.pem")))
-    assert isinstance(sent, CopyFailed) and "CERTIFICATE_VERIFY_FAILED" in str(sent), sent
+    errors: dict[str, Any] = {}
+    sent, got = stream(master, str(tmp_path / "other"), rx_tls=rx_tls,
+                       tx_tls=StreamTLS(str(certs / "other.pem")), wait=10, errors=errors)
+    assert sent is None and "CERTIFICATE_VERIFY_FAILED" in str(errors["sent_error"]), errors
     assert not (tmp_path / "other").exists()
 
-    sent, got = _tls_stream(master, str(tmp_path / "plain"), rx_tls=rx_tls, tx_tls=None,
-                            wait=10)
-    assert isinstance(sent, CopyFailed), sent
-    assert isinstance(got, CopyFailed) and "no sender" in str(got), got
+    sent, got = stream(master, str(tmp_path / "plain"), rx_tls=rx_tls, wait=10,
+                       errors=errors)
+    assert sent is None and isinstance(got, CopyFailed) and "no sender" in str(got), got
     assert not (tmp_path / "plain").exists()
 
 
