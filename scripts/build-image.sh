@@ -29,9 +29,13 @@ FLEET_PACKAGES=(
   memcached                                       # roles/memcached
   python3-yaml                                    # roles/shards (the shardfleet library)
   python3-boto3 zstd                              # playbooks/backup.yml, restore.yml (S3)
+  prometheus-node-exporter prometheus-mysqld-exporter prometheus-redis-exporter  # roles/monitoring
+  prometheus prometheus-alertmanager                                           # (its server host)
 )
 # Services those packages enable; disabled in the image (the roles enable their own).
-FLEET_SERVICES=(mariadb.service redis-server.service memcached.service)
+FLEET_SERVICES=(mariadb.service redis-server.service memcached.service
+  prometheus.service prometheus-alertmanager.service prometheus-node-exporter.service
+  prometheus-mysqld-exporter.service prometheus-redis-exporter.service)
 # Timers that would wake up in every container on every boot.
 MASKED_UNITS=(apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer
   man-db.timer dpkg-db-backup.timer systemd-tmpfiles-clean.timer)

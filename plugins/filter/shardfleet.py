@@ -86,8 +86,20 @@ def mysql_ca_cert(host, hostvars):
     return str(_hostvar(hostvars, host, "shardfleet_tls_ca_cert", ""))
 
 
+def monitoring_target(host, hostvars, port):
+    """A Prometheus static_configs entry for *host*'s exporter on *port*: its fleet
+    address, labelled with its inventory name (``instance``) and, for a MySQL host, its
+    pair."""
+    labels = {"instance": host}
+    pair = _hostvar(hostvars, host, "shardfleet_pair")
+    if pair:
+        labels["pair"] = str(pair)
+    return {"targets": [f"{fleet_address(host, hostvars)}:{int(port)}"], "labels": labels}
+
+
 class FilterModule:
     def filters(self):
         return {"shard_split": shard_split, "fleet_address": fleet_address,
                 "mysql_nodes": mysql_nodes, "mysql_labels": mysql_labels,
-                "zookeeper_hosts": zookeeper_hosts, "mysql_ca_cert": mysql_ca_cert}
+                "zookeeper_hosts": zookeeper_hosts, "mysql_ca_cert": mysql_ca_cert,
+                "monitoring_target": monitoring_target}

@@ -57,6 +57,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "shardfleet_operations_in_flight": ("gauge", "Unfinished operations (journals) by kind"),
     "shardfleet_operation_journal_age_seconds": (
         "gauge", "Seconds since an unfinished operation's journal last moved"),
+    "shardfleet_operation_last_finished_timestamp_seconds": (
+        "gauge", "When the latest finished operation of a kind last moved its journal "
+        "(Unix time; it rises when one finishes)"),
+    "shardfleet_operations_finished": (
+        "gauge", "Finished operations whose journals ZooKeeper still holds, by kind"),
     "shardfleet_server_up": ("gauge", "1 when the server answered the monitor user"),
     "shardfleet_server_writable": ("gauge", "1 when the server has read_only OFF"),
     "shardfleet_server_map_role": (
@@ -181,6 +186,14 @@ def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = No
             out.append(_s("shardfleet_operation_journal_age_seconds",
                           max(0.0, now - float(op["updated_at"])), operation=op["name"]))
     out += [_s("shardfleet_operations_in_flight", n, kind=k) for k, n in sorted(kinds.items())]
+    last: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for op in report.get("finished_operations") or []:
+        count[op["kind"]] = count.get(op["kind"], 0) + 1
+        last[op["kind"]] = max(last.get(op["kind"], 0.0), float(op.get("updated_at") or 0))
+    for k in sorted(count):
+        out += [_s("shardfleet_operations_finished", count[k], kind=k),
+                _s("shardfleet_operation_last_finished_timestamp_seconds", last[k], kind=k)]
     servers = report.get("servers") or {}
     names = report.get("labels") or {}
     roles: dict[str, str] = {}

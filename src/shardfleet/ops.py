@@ -168,29 +168,54 @@ def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
-    """The operation a journal describes, when it is not finished. A split is in flight
-    until its cutover (its cleanup is optional and touches nothing the map names); a
-    promotion or a rebuild until it records ``done``."""
+def _kind(name: str, d: dict[str, Any]) -> str:
+    """What operation a journal records: ``split``, ``rebuild`` or ``promotion (<mode>)``."""
     kind = str(d.get("kind") or d.get("mode") or name.split("-", 1)[0])
-    step = str(d.get("step") or "start")
     if name.startswith("split") or kind == "split":
-        if step in ("cutover", "cleanup", "aborted"):
-            return None
+        return "split"
+    return "rebuild" if name.startswith("rebuild") else f"promotion ({kind})"
+
+
+def _finished(name: str, d: dict[str, Any]) -> bool:
+    """A split is finished from its cutover (its cleanup is optional and touches nothing
+    the map names) or its abort; a promotion or a rebuild once it records ``done``."""
+    if _kind(name, d) == "split":
+        return str(d.get("step") or "start") in ("cutover", "cleanup", "aborted")
+    return bool(d.get("done"))
+
+
+def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
+    """The operation a journal describes, when it is not finished."""
+    if _finished(name, d):
+        return None
+    kind = _kind(name, d)
+    step = str(d.get("step") or "start")
+    if kind == "split":
         servers = [d.get("source"), d.get("target"), d.get("target_standby")]
-        kind = "split"
     else:
-        if d.get("done"):
-            return None
         servers = [d.get("old_master"), d.get("new_master"), d.get("node"), d.get("master")]
-        kind = "rebuild" if name.startswith("rebuild") else f"promotion ({kind})"
     return InFlight(name, kind, step, tuple(sorted({str(s) for s in servers if s})),
                     float(d.get("updated_at") or d.get("started_at") or 0), d)
 
 
+def operations(store: ZooKeeperMapStore) -> tuple[list[InFlight], list[dict[str, Any]]]:
+    """Every journal, read once: the operations in flight, and the finished ones the
+    journals still hold (name, kind, and when the journal last moved: a pair's promotion
+    journal is reused by its next promotion, so that is the latest one's end)."""
+    running: list[InFlight] = []
+    done: list[dict[str, Any]] = []
+    for n, d in journals(store).items():
+        if (op := _unfinished(n, d)) is not None:
+            running.append(op)
+        else:
+            done.append({"name": n, "kind": _kind(n, d),
+                         "updated_at": float(d.get("updated_at") or d.get("started_at") or 0)})
+    return running, done
+
+
 def in_flight(store: ZooKeeperMapStore) -> list[InFlight]:
     """The registry of operations in flight: every journal not finished."""
-    return [op for n, d in journals(store).items() if (op := _unfinished(n, d)) is not None]
+    return operations(store)[0]
 
 
 def refuse_if_busy(store: ZooKeeperMapStore, servers: list[str], me: str) -> None:

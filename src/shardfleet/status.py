@@ -60,12 +60,13 @@ def collect(store: MapStore, user: str, password: str, *, extra_servers: list[st
         pair_list.append(entry)
     named = (m.servers() if m else set())
     unmapped = [s for s in servers if s not in named]
+    running, done = _operations(store)
     ops_list = [{"name": op.name, "kind": op.kind, "step": op.step,
                  "servers": list(op.servers), "updated_at": op.updated_at}
-                for op in _in_flight(store)]
+                for op in running]
     report = {"map": m.to_dict() if m else None, "version": v.version, "pairs": pair_list,
               "servers": states, "unmapped": unmapped, "labels": names, "zookeeper": zk,
-              "operations": ops_list}
+              "operations": ops_list, "finished_operations": done}
     report["problems"] = problems(report)
     return report
 
@@ -87,12 +88,13 @@ def _channel_peer(ch: dict[str, Any], states: dict[str, dict[str, Any]],
     return named[0] if len(named) == 1 else None
 
 
-def _in_flight(store: MapStore) -> list[Any]:
-    """The journals' unfinished operations (a store without journals has none)."""
+def _operations(store: MapStore) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The journals' operations, unfinished and finished (a store without journals has
+    none)."""
     if getattr(store, "client", None) is None:
-        return []
+        return [], []
     from shardfleet import ops
-    return ops.in_flight(store)  # type: ignore[arg-type]
+    return ops.operations(store)  # type: ignore[arg-type]
 
 
 def trx_behind(source: dict[str, Any] | None, replica: dict[str, Any] | None) -> int | None:

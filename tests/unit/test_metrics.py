@@ -158,3 +158,24 @@ def test_rebuild_marks_semisync_enabled_and_zookeeper_modes():
     assert value(s, "shardfleet_zookeeper_serving", node="z3:2181") == 0
     assert value(s, "shardfleet_zookeeper_leader", node="z1:2181") == 1
     assert value(s, "shardfleet_zookeeper_leader", node="z2:2181") == 0
+
+
+def test_finished_operations_count_by_kind_and_the_latest_end_rises():
+    """A promotion takes seconds, less than the exporter's interval: it shows after the
+    fact as its kind's count of finished journals and the latest one's end (a pair's
+    promotion journal is reused, so the count may stay and the time rises)."""
+    report = {"version": 9, "pairs": [], "servers": {}, "labels": {}, "operations": [],
+              "problems": [], "finished_operations": [
+                  {"name": "promote-pair001", "kind": "promotion (planned)",
+                   "updated_at": 500.0},
+                  {"name": "promote-pair002", "kind": "promotion (planned)",
+                   "updated_at": 700.0},
+                  {"name": "split-0-3", "kind": "split", "updated_at": 100.0}]}
+    s = metrics.fleet_samples(report, now=1000.0)
+    assert value(s, "shardfleet_operations_finished", kind="promotion (planned)") == 2
+    assert value(s, "shardfleet_operation_last_finished_timestamp_seconds",
+                 kind="promotion (planned)") == 700
+    assert value(s, "shardfleet_operation_last_finished_timestamp_seconds", kind="split") == 100
+    assert not [x for x in s if x.name == "shardfleet_operations_in_flight"]
+    text = metrics.render(s)
+    assert 'shardfleet_operations_finished{kind="promotion (planned)"} 2' in text
