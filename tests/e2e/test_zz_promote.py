@@ -15,8 +15,10 @@ fault schedules start from the emergency's state).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
+import urllib.request
 
 import pymysql
 import pytest
@@ -134,6 +136,26 @@ def _checksums(fleet: Fleet, server: str, wait_for: str | None = None) -> dict[s
         conn.close()
 
 
+def _wait_exporter_shows_finished(fleet: Fleet, kind: str, since: float,
+                                  timeout: float = 60) -> None:
+    """The shardfleet exporter (on the monitoring host) shows an operation of *kind* that
+    finished after *since* (Unix time): its latest end, from the journals."""
+    url = f"http://{fleet.ip(fleet.group('monitoring')[0])}:9150/metrics"
+    pattern = re.compile(r'^shardfleet_operation_last_finished_timestamp_seconds\{kind="'
+                         + re.escape(kind) + r'"\} (\S+)$', re.M)
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the fleet's own
+            text = resp.read().decode()
+        m = pattern.search(text)
+        if m and float(m.group(1)) >= since:
+            return
+        assert time.monotonic() < deadline, (
+            f"the exporter shows no {kind} finished after {since:.0f} in {timeout:.0f} s: "
+            f"{m.group(0) if m else 'no series'}")
+        time.sleep(2)
+
+
 def test_promote_planned_then_emergency(fleet: Fleet) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; see test_site"
     zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
@@ -163,7 +185,7 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
         w = Writer(store, max_seconds=120, near=near).start()
         try:
             assert w.wait_acks(200), f"writer made no progress: {w.errors[-3:]}"
-            t0 = time.monotonic()
+            t0, wall0 = time.monotonic(), time.time()
             run = fleet.playbook("promote.yml", "-e", f"pair={PAIR}")
             t1 = time.monotonic()
             assert w.wait_acks(200), f"writer did not resume: {w.errors[-3:]}"
@@ -190,6 +212,7 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
         assert_pairs_replicate(lambda pb: (lambda r: (r.rc, r.output))(
             fleet.playbook(pb.name)))
         assert t1 - t0 < 60
+        _wait_exporter_shows_finished(fleet, "promotion (planned)", wall0)
         again = fleet.playbook("promote.yml", "-e", f"pair={PAIR}", "-e", f"promote_master={new}")
         assert again.rc == 0 and "changed=0" in again.output, again.output[-2000:]
 
