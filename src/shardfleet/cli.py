@@ -313,7 +313,9 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         lambda: status.collect(store, args.user, password, extra_servers=servers,
                                sizes=False, zookeeper_hosts=[args.zk], timeout=args.timeout,
                                tls=tls),
-        store.changed_at, interval=args.interval)
+        store.changed_at, interval=args.interval,
+        memcached=[m.strip() for ms in (args.memcached or []) for m in ms.split(",")
+                   if m.strip()])
     try:
         httpd = metrics.serve(exporter, host or "127.0.0.1", int(port))
     except OSError as exc:
@@ -585,6 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     _tls_args(ex)
     ex.add_argument("--server", action="append", metavar="HOST:PORT",
                     help="a server to report besides the map's (repeatable)")
+    ex.add_argument("--memcached", action="append", metavar="HOST:PORT[,...]",
+                    default=[os.environ["SHARDFLEET_MEMCACHED"]]
+                    if os.environ.get("SHARDFLEET_MEMCACHED") else None,
+                    help="memcached servers to serve `stats` of (repeatable or comma-separated; "
+                    "env SHARDFLEET_MEMCACHED)")
     ex.add_argument("--interval", type=float, default=10.0,
                     help="ask the servers at most this often (seconds; scrapes in between "
                     "get the last answer)")

@@ -85,6 +85,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "shardfleet_zookeeper_leader": (
         "gauge", "1 when a ZooKeeper node is the ensemble's leader (or standalone)"),
     "shardfleet_problems": ("gauge", "Problems status.problems found, by severity"),
+    # -- memcached (no Debian exporter package: the exporter asks `stats`)
+    "shardfleet_memcached_up": ("gauge", "1 when a memcached server answered stats"),
+    "shardfleet_memcached_items": ("gauge", "Items a memcached server holds"),
+    "shardfleet_memcached_bytes": ("gauge", "Bytes a memcached server's items use"),
+    "shardfleet_memcached_limit_bytes": ("gauge", "Memory a memcached server may use (-m)"),
+    "shardfleet_memcached_connections": ("gauge", "Open connections of a memcached server"),
+    "shardfleet_memcached_gets_total": ("counter", "Gets a memcached server answered, by "
+                                        "result (hit, miss)"),
+    "shardfleet_memcached_evictions_total": (
+        "counter", "Items a memcached server evicted to make room"),
 }
 
 
@@ -252,6 +262,25 @@ def fleet_samples(report: dict[str, Any] | None, *, map_mtime: float | None = No
     return out
 
 
+def memcached_samples(stats: Iterable[dict[str, Any]]) -> list[Sample]:
+    """Metrics of memcached servers from :func:`shardfleet.topology.memcached_stats`."""
+    out: list[Sample] = []
+    names = {"curr_items": "shardfleet_memcached_items", "bytes": "shardfleet_memcached_bytes",
+             "limit_maxbytes": "shardfleet_memcached_limit_bytes",
+             "curr_connections": "shardfleet_memcached_connections",
+             "evictions": "shardfleet_memcached_evictions_total"}
+    for st in stats:
+        server = st["server"]
+        up = "error" not in st
+        out.append(_s("shardfleet_memcached_up", 1 if up else 0, server=server))
+        if not up:
+            continue
+        out += [_s(name, st[k], server=server) for k, name in names.items() if k in st]
+        out += [_s("shardfleet_memcached_gets_total", st[k], server=server, result=r)
+                for k, r in (("get_hits", "hit"), ("get_misses", "miss")) if k in st]
+    return out
+
+
 def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -315,8 +344,9 @@ class FleetExporter:
 
     def __init__(self, collect: Callable[[], dict[str, Any] | None],
                  changed_at: Callable[[], float | None] | None = None, *,
-                 interval: float = 10.0) -> None:
+                 interval: float = 10.0, memcached: Iterable[str] = ()) -> None:
         self._collect = collect
+        self.memcached = list(memcached)
         self._changed_at = changed_at
         self.interval = interval
         self.clock = FrozenClock()
@@ -332,14 +362,17 @@ class FleetExporter:
             return self._last[1]
 
     def _samples(self) -> list[Sample]:
+        from shardfleet import topology
         from shardfleet.errors import ShardfleetError
 
+        caches = memcached_samples(topology.memcached_stats(m) for m in self.memcached)
         try:
             report = self._collect()
             mtime = self._changed_at() if self._changed_at else None
         except ShardfleetError:
-            return fleet_samples(None)
-        return fleet_samples(report, map_mtime=mtime, clock=self.clock, marks=self.marks)
+            return fleet_samples(None) + caches
+        return fleet_samples(report, map_mtime=mtime, clock=self.clock,
+                             marks=self.marks) + caches
 
 
 def serve(exporter: FleetExporter, host: str, port: int) -> Any:

@@ -199,6 +199,39 @@ def server_state(server: str, user: str, password: str, *, timeout: float = 5.0,
         conn.close()
 
 
+# memcached's `stats` fields the exporter serves (no Debian package exports memcached)
+MEMCACHED_STATS = ("curr_items", "bytes", "limit_maxbytes", "curr_connections", "get_hits",
+                   "get_misses", "evictions", "uptime")
+
+
+def memcached_stats(server: str, timeout: float = 3.0) -> dict[str, Any]:
+    """The ``stats`` of one memcached server (the fields of :data:`MEMCACHED_STATS`), or
+    why not (``error``)."""
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port or 11211)), timeout=timeout) as s:
+            s.sendall(b"stats\r\n")
+            data = b""
+            while not data.endswith(b"END\r\n") and len(data) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+    except (OSError, ValueError) as exc:
+        return {"server": server, "error": str(exc)}
+    if not data.endswith(b"END\r\n"):
+        return {"server": server, "error": f"no stats reply: {data[:80]!r}"}
+    fields = dict(line.split(" ", 2)[1:] for line in data.decode("ascii", "replace")
+                  .splitlines() if line.startswith("STAT ") and line.count(" ") >= 2)
+    out: dict[str, Any] = {"server": server}
+    for k in MEMCACHED_STATS:
+        try:
+            out[k] = int(fields[k])
+        except (KeyError, ValueError):
+            pass
+    return out
+
+
 def zookeeper_mode(server: str, timeout: float = 3.0) -> dict[str, Any]:
     """The ``srvr`` four-letter word of one ZooKeeper node: its mode, or why not."""
     host, _, port = server.rpartition(":")

@@ -84,6 +84,9 @@ def test_prometheus_scrapes_every_exporter_of_the_fleet(fleet: Fleet) -> None:
     assert [r["value"][1] for r in redis_up] == ["1"], redis_up
     sf = _prometheus(fleet, "query?query=shardfleet_up")["result"]
     assert [r["value"][1] for r in sf] == ["1"], sf
+    mc = {r["metric"]["server"]: r["value"][1]
+          for r in _prometheus(fleet, "query?query=shardfleet_memcached_up")["result"]}
+    assert mc == {f"{fleet.ip(h)}:11211": "1" for h in fleet.group("memcached")}, mc
     assert _firing(fleet, "ExporterDown") == []
 
 

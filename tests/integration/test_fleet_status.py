@@ -317,3 +317,66 @@ def test_status_watch_shows_a_change_in_the_next_round_and_stops_on_ctrl_c(fleet
         proc.wait()
     assert proc.returncode == 0, (out[-2000:], err)
     assert "Traceback" not in err and MariaDBServer.root_password not in out + err
+
+
+def test_the_exporter_serves_memcached_stats_and_a_server_that_stopped(memcached_group,
+                                                                     zookeeper, tmp_path):
+    """`shardfleet exporter --memcached` (no Debian exporter package for memcached): each
+    server's items, memory, connections, hits and misses from `stats`; a server that
+    stops answering shows up=0 at the next collection, the exporter keeps serving."""
+    import socket
+    import urllib.request
+
+    from shardfleet.testing import MemcachedServer
+
+    extra = MemcachedServer(tmp_path).start()
+    servers = [m.address for m in memcached_group] + [extra.address]
+    with socket.create_connection(("127.0.0.1", memcached_group[0].port), timeout=5) as s:
+        s.sendall(b"set exporter-test 0 0 2\r\nok\r\nget exporter-test\r\nget nothing-here\r\n")
+        reply = b""
+        while not reply.endswith(b"END\r\nEND\r\n") and len(reply) < 4096:
+            reply += s.recv(4096)
+    port = free_port()
+    env = dict(os.environ, SHARDFLEET_MYSQL_PASSWORD="unused",
+               SHARDFLEET_MEMCACHED=",".join(servers[:2]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardfleet.cli", "exporter", "--zk", zookeeper.address,
+         "--cluster", f"memcached-{uuid.uuid4().hex[:8]}", "--listen", f"127.0.0.1:{port}",
+         "--memcached", servers[2], "--interval", "0.5"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def scrape() -> dict[str, float]:
+        deadline = time.monotonic() + 60  # the exporter's start on a busy machine
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=30) as resp:
+                    text = resp.read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[0]
+                assert time.monotonic() < deadline, "the exporter never listened"
+                time.sleep(0.2)
+        return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                if ln.startswith("shardfleet_memcached_")}
+
+    try:
+        first = memcached_group[0].address
+        m = scrape()
+        for s in servers:  # the environment's two and the option's one
+            assert m[f'shardfleet_memcached_up{{server="{s}"}}'] == 1.0, m
+        assert m[f'shardfleet_memcached_items{{server="{first}"}}'] >= 1, m
+        assert m[f'shardfleet_memcached_gets_total{{result="hit",server="{first}"}}'] >= 1, m
+        assert m[f'shardfleet_memcached_gets_total{{result="miss",server="{first}"}}'] >= 1, m
+        assert m[f'shardfleet_memcached_limit_bytes{{server="{first}"}}'] > 0, m
+        extra.stop(remove=True)
+        time.sleep(0.6)
+        m = scrape()
+        assert m[f'shardfleet_memcached_up{{server="{servers[2]}"}}'] == 0.0, m
+        assert f'shardfleet_memcached_items{{server="{servers[2]}"}}' not in m
+        assert m[f'shardfleet_memcached_up{{server="{first}"}}'] == 1.0, m
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if extra.running:
+            extra.stop(remove=True)
