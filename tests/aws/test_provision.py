@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 CLUSTER = "sfaws-it"
 # host name stem per component, as in inventories/local (sf-mysql001a, sf-zk1, ...)
-STEM = {"mysql": "mysql", "zookeeper": "zk", "redis": "redis", "memcached": "memcached"}
+STEM = {"mysql": "mysql", "zookeeper": "zk", "redis": "redis", "memcached": "memcached",
+        "monitoring": "monitor"}
 VPC_CIDR = "10.42.0.0/16"
 SUBNETS = ["10.42.0.0/20", "10.42.16.0/20", "10.42.32.0/20"]
 ADMIN = "198.51.100.0/24"
@@ -47,6 +48,7 @@ def table(pairs: int, zookeeper: int = 3) -> dict[str, Any]:
             "zookeeper": {"count": zookeeper, "instance_type": "t3.small"},
             "redis": {"count": 1, "instance_type": "r6i.large"},
             "memcached": {"count": 1, "instance_type": "r6i.large"},
+            "monitoring": {"count": 1, "instance_type": "t3.medium"},
         },
     }
 
@@ -103,7 +105,7 @@ def test_instances_carry_tags_and_mysql_pair_sides_sit_in_different_zones(
         f"{CLUSTER}-mysql001a", f"{CLUSTER}-mysql001b",
         f"{CLUSTER}-mysql002a", f"{CLUSTER}-mysql002b",
         f"{CLUSTER}-zk1", f"{CLUSTER}-zk2", f"{CLUSTER}-zk3",
-        f"{CLUSTER}-redis1", f"{CLUSTER}-memcached1",
+        f"{CLUSTER}-redis1", f"{CLUSTER}-memcached1", f"{CLUSTER}-monitor1",
     }  # fmt: skip
     assert set(found) == expected
     for name, inst in found.items():
@@ -183,7 +185,8 @@ def test_security_groups_allow_exactly_the_fleets_own_traffic(
         "SecurityGroups"
     ]
     names = {g["GroupId"]: g["GroupName"].removeprefix(f"{CLUSTER}-") for g in groups}
-    assert set(names.values()) == {"mysql", "zookeeper", "redis", "memcached", "client"}
+    assert set(names.values()) == {"mysql", "zookeeper", "redis", "memcached", "monitoring",
+                                   "client"}
     actual: set[tuple[str, int, int, str]] = set()
     for g in groups:
         for perm in g["IpPermissions"]:
@@ -205,7 +208,24 @@ def test_security_groups_allow_exactly_the_fleets_own_traffic(
         ("zookeeper", 3888, 3888, "zookeeper"),
         ("redis", 6379, 6379, "client"),
         ("memcached", 11211, 11211, "client"),
-    } | {(c, 22, 22, ADMIN) for c in ("mysql", "zookeeper", "redis", "memcached")}
+        # monitoring: the shardfleet exporter reads MySQL, ZooKeeper and memcached;
+        # Prometheus scrapes every exporter; on-call reaches Prometheus and Alertmanager
+        ("mysql", 3306, 3306, "monitoring"),
+        ("zookeeper", 2181, 2181, "monitoring"),
+        ("memcached", 11211, 11211, "monitoring"),
+        ("mysql", 9100, 9100, "monitoring"),
+        ("mysql", 9104, 9104, "monitoring"),
+        ("zookeeper", 9100, 9100, "monitoring"),
+        ("redis", 9100, 9100, "monitoring"),
+        ("redis", 9121, 9121, "monitoring"),
+        ("memcached", 9100, 9100, "monitoring"),
+        ("monitoring", 9090, 9090, "monitoring"),
+        ("monitoring", 9093, 9093, "monitoring"),
+        ("monitoring", 9100, 9100, "monitoring"),
+        ("monitoring", 9150, 9150, "monitoring"),
+        ("monitoring", 9090, 9090, "client"),
+        ("monitoring", 9093, 9093, "client"),
+    } | {(c, 22, 22, ADMIN) for c in ("mysql", "zookeeper", "redis", "memcached", "monitoring")}
     assert actual == expected, (
         f"unexpected rules: {sorted(actual - expected)}; missing rules: {sorted(expected - actual)}"
     )
@@ -219,13 +239,14 @@ def test_aws_ec2_inventory_groups_hosts_by_tag_like_the_local_inventory(
     hostvars = data["_meta"]["hostvars"]
     hosts = {
         g: set(data.get(g, {}).get("hosts", []))
-        for g in ("mysql", "zookeeper", "redis", "memcached")
+        for g in ("mysql", "zookeeper", "redis", "memcached", "monitoring")
     }
     assert hosts == {
         "mysql": {f"{CLUSTER}-mysql00{p}{s}" for p in (1, 2) for s in "ab"},
         "zookeeper": {f"{CLUSTER}-zk{i}" for i in (1, 2, 3)},
         "redis": {f"{CLUSTER}-redis1"},
         "memcached": {f"{CLUSTER}-memcached1"},
+        "monitoring": {f"{CLUSTER}-monitor1"},
     }
     for name in hosts["mysql"]:
         hv = hostvars[name]
@@ -267,9 +288,7 @@ def test_aws_inventory_matches_the_local_one_in_groups_hostvars_and_role_variabl
     def groups(data: dict[str, Any]) -> set[str]:
         return {g for g in data if g not in ("_meta", "all") and members(data, g)}
 
-    # the same groups; ec2_fleet builds no monitoring host (monitoring is off on AWS)
-    assert groups(aws) - {"aws_ec2"} == groups(local) - {"monitoring"}, \
-        "the two inventories group hosts differently"
+    assert groups(aws) - {"aws_ec2"} == groups(local), "the two inventories group hosts differently"
     assert members(aws, "fleet") == set(aws["_meta"]["hostvars"]), "fleet must hold every host"
     for data, where in ((local, "local"), (aws, "aws")):
         for host in members(data, "mysql"):
@@ -364,7 +383,7 @@ def test_all_counts_zero_with_terminate_extra_empties_the_cluster(
     moto_server: Moto, first_run: PlaybookRun, vars_dir: Path
 ) -> None:
     empty = table(pairs=0, zookeeper=0)
-    for component in ("redis", "memcached"):
+    for component in ("redis", "memcached", "monitoring"):
         empty["ec2_fleet_components"][component]["count"] = 0
     provision(moto_server, vars_dir, {**empty, "ec2_fleet_terminate_extra": True}).check()
     assert by_name(moto_server) == {}, "instances survived a teardown with every count at 0"

@@ -1,18 +1,19 @@
 """End to end: the aws_ec2 inventory against moto runs playbooks/site.yml on containers.
 
 provision-aws.yml builds a small fleet in moto (1 MySQL pair, 1 ZooKeeper, 1 Redis, 1
-memcached). Each "instance" is then a podman container named like its Name tag, on a
-podman network of the test's own whose addresses are the instances' private IPs, so the
-shipped inventory's ``shardfleet_address`` (the private IP) is used unchanged. Only the
-connection is composed differently: the collection's ``shardfleet.fleet.podman``
-(pipelined ``podman exec``) to the container named by the Name tag, instead of SSH to
-the public address. site.yml then runs unchanged, and the fleet must work: the pair
-replicates both ways across "zones", ZooKeeper answers, Redis and memcached serve the
-other hosts.
+memcached, 1 monitoring host). Each "instance" is then a podman container named like its
+Name tag, on a podman network of the test's own whose addresses are the instances'
+private IPs, so the shipped inventory's ``shardfleet_address`` (the private IP) is used
+unchanged. Only the connection is composed differently: the collection's
+``shardfleet.fleet.podman`` (pipelined ``podman exec``) to the container named by the
+Name tag, instead of SSH to the public address. site.yml then runs unchanged, and the
+fleet must work: the pair replicates both ways across "zones", ZooKeeper answers, Redis
+and memcached serve the other hosts.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -63,6 +64,7 @@ FLEET_VARS = {
         "zookeeper": {"count": 1, "instance_type": "t3.small"},
         "redis": {"count": 1, "instance_type": "t3.small"},
         "memcached": {"count": 1, "instance_type": "t3.small"},
+        "monitoring": {"count": 1, "instance_type": "t3.small"},
     },
 }
 # How the test reaches the "instances": everything else comes from the shipped file.
@@ -217,13 +219,15 @@ def test_site_yml_through_the_aws_inventory_builds_a_working_fleet(
     moto_server: Moto, fleet: dict[str, Any]
 ) -> None:
     names = {
-        g: sorted(fleet["data"][g]["hosts"]) for g in ("mysql", "zookeeper", "redis", "memcached")
+        g: sorted(fleet["data"][g]["hosts"])
+        for g in ("mysql", "zookeeper", "redis", "memcached", "monitoring")
     }
     assert names == {
         "mysql": [f"{CLUSTER}-mysql001a", f"{CLUSTER}-mysql001b"],
         "zookeeper": [f"{CLUSTER}-zk1"],
         "redis": [f"{CLUSTER}-redis1"],
         "memcached": [f"{CLUSTER}-memcached1"],
+        "monitoring": [f"{CLUSTER}-monitor1"],
     }
     live = {i["TagMap"]["Name"]: i for i in instances(moto_server, CLUSTER)}
     side_a, side_b = names["mysql"]
@@ -270,6 +274,27 @@ def test_site_yml_through_the_aws_inventory_builds_a_working_fleet(
         assert "Master_SSL_Verify_Server_Cert: Yes" in sh(me, "mysql -e 'SHOW SLAVE STATUS\\G'")
     reply = ask(names["mysql"][0], addr[names["memcached"][0]], 11211, "version\\r\\n")
     assert reply.startswith("VERSION"), f"memcached did not answer version: {reply!r}"
+
+    # Monitoring through the aws inventory: Prometheus on the monitoring host (its private
+    # address) scrapes every exporter of every host, and every target answers.
+    mon = names["monitoring"][0]
+    expected = {("node", h) for hs in names.values() for h in hs} | {
+        ("mysqld", h) for h in names["mysql"]} | {("redis", h) for h in names["redis"]} | {
+        (job, mon) for job in ("shardfleet", "prometheus", "alertmanager")}
+    deadline = time.monotonic() + 120
+    while True:
+        targets = json.loads(sh(mon, f"python3 -c \"import urllib.request; print(urllib.request"
+                                     f".urlopen('http://{addr[mon]}:9090/api/v1/targets')"
+                                     f".read().decode())\""))["data"]["activeTargets"]
+        seen = {(t["scrapePool"], t["labels"]["instance"]) for t in targets}
+        down = [(t["scrapePool"], t["labels"]["instance"], t["lastError"]) for t in targets
+                if t["health"] != "up"]
+        if seen == expected and not down:
+            break
+        assert time.monotonic() < deadline, (
+            f"Prometheus targets: missing {expected - seen}, extra {seen - expected}, "
+            f"not up {down}")
+        time.sleep(3)
 
     # fleet-status.yml through the same inventory: the map-centred table, read from the
     # control node (no socket, no container addresses, no fleet label), the caches asked

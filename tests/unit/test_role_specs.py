@@ -351,8 +351,8 @@ def test_no_role_needs_facts_to_validate(ansible: Any) -> None:
 
 def _aws_shaped_inventory(ansible: Any, dest: Path) -> Path:
     """inventories/aws as the aws_ec2 plugin would yield it for a fleet the ec2_fleet role
-    built (2 pairs, 3 ZooKeeper, 1 Redis, 1 memcached): the shipped file's `compose` and
-    `groups` evaluated over each instance's tags and addresses."""
+    built (2 pairs, 3 ZooKeeper, 1 Redis, 1 memcached, 1 monitoring): the shipped file's
+    `compose` and `groups` evaluated over each instance's tags and addresses."""
     from ansible.errors import AnsibleError
     from ansible.template import Templar, trust_as_template
 
@@ -363,7 +363,7 @@ def _aws_shaped_inventory(ansible: Any, dest: Path) -> Path:
             instances.append({"Name": f"sfaws-mysql{pair:03d}{side}", "component": "mysql",
                               "index": str(pair), "pair": f"pair{pair:03d}", "side": side})
     for component, stem, count in (("zookeeper", "zk", 3), ("redis", "redis", 1),
-                                   ("memcached", "memcached", 1)):
+                                   ("memcached", "memcached", 1), ("monitoring", "monitor", 1)):
         instances += [{"Name": f"sfaws-{stem}{i}", "component": component, "index": str(i)}
                       for i in range(1, count + 1)]
     hosts: dict[str, dict[str, Any]] = {}
@@ -396,10 +396,9 @@ def test_an_aws_shaped_inventory_passes_site_yml(ansible: Any, tmp_path: Path) -
     checked = Checked()
     _check([ROOT / "playbooks" / "site.yml"], inv, SHARD_VARS, checked)
     assert not checked.errors, "\n".join(checked.errors)
-    # the monitoring role's play runs on every fleet host (off: shardfleet_monitoring_enabled);
-    # the library's play has no monitoring host here, so the walk checks it on the shards
-    # role's home group (HOME_GROUP)
-    assert len(checked.runs) == 4 + 3 + 1 + 1 + 4 + 9 + 4, checked.runs
+    # mysql, zookeeper, redis, memcached, shards; monitoring on all ten, the library on
+    # the monitoring host
+    assert len(checked.runs) == 4 + 3 + 1 + 1 + 4 + 10 + 1, checked.runs
 
 
 def _molecule_scenario(name: str, dest: Path) -> tuple[Path, list[Path]]:
