@@ -12,7 +12,9 @@ Reads the connection profile playbooks/fleet-status.yml writes
 4. memcached round-trips an item;
 5. the routing library writes an object and reads it back (shardfleet.store.Store
    over shardfleet.router.Router, the map read from ZooKeeper), on a shard of an
-   open range, as the application user.
+   open range, as the application user;
+6. with monitoring: Prometheus scrapes every target and each answers, and no alert
+   fires (a fresh fleet is healthy); Alertmanager answers.
 
 The profile holds no password: each comes from the environment variable the profile
 names under "secrets" (SHARDFLEET_MYSQL_PASSWORD, SHARDFLEET_APP_PASSWORD,
@@ -210,6 +212,38 @@ def router_roundtrip(p: dict[str, Any], cluster: str) -> None:
             close()
 
 
+def monitoring_checks(p: dict[str, Any]) -> None:
+    """Prometheus's targets all up and no alert firing; Alertmanager ready (the profile's
+    "monitoring", written when the fleet runs it). A target is scraped every 15 s: a
+    fleet that just came up gets a minute to show every one up."""
+    import urllib.request
+
+    mon = p.get("monitoring")
+    if not mon:
+        return
+
+    def get(url: str) -> Any:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the fleet's own
+            return json.loads(resp.read().decode())
+
+    deadline = time.monotonic() + 90
+    while True:
+        targets = get(f"{mon['prometheus']}/api/v1/targets?state=active")["data"]["activeTargets"]
+        down = [f"{t['scrapePool']} {t['labels'].get('instance')} ({t['health']}"
+                f"{': ' + t['lastError'] if t['lastError'] else ''})"
+                for t in targets if t["health"] != "up"]
+        if targets and not down or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    check(f"Prometheus scrapes {len(targets)} targets, every one up", bool(targets) and not down,
+          "; ".join(down) or ("no target" if not targets else ""))
+    firing = sorted({a["labels"]["alertname"] for a in get(f"{mon['prometheus']}/api/v1/alerts")
+                     ["data"]["alerts"] if a["state"] == "firing"})
+    check("no alert firing", not firing, ", ".join(firing))
+    with urllib.request.urlopen(f"{mon['alertmanager']}/-/ready", timeout=10) as resp:  # noqa: S310
+        check("Alertmanager ready", resp.status == 200)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=str(ROOT / ".fleet" / "local.json"))
@@ -232,7 +266,8 @@ def main() -> int:
     for name, run in (("mysql", lambda: mysql_checks(profile)),
                       ("zookeeper", lambda: zookeeper_checks(profile)),
                       ("caches", lambda: cache_checks(profile)),
-                      ("router round trip", lambda: router_roundtrip(profile, args.cluster))):
+                      ("router round trip", lambda: router_roundtrip(profile, args.cluster)),
+                      ("monitoring", lambda: monitoring_checks(profile))):
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - reported as one line
