@@ -128,7 +128,7 @@ def fleet(
     data = inventory_list(moto_server, inv, CLUSTER)
     hostvars: dict[str, dict[str, Any]] = data["_meta"]["hostvars"]
     addresses = {name: hv["shardfleet_address"] for name, hv in hostvars.items()}
-    assert len(addresses) == 5, f"expected 5 instances in the inventory: {sorted(addresses)}"
+    assert len(addresses) == 6, f"expected 6 instances in the inventory: {sorted(addresses)}"
 
     remove_own_containers()
     try:
