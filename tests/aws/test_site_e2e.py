@@ -35,6 +35,7 @@ from tests.aws.helpers import (
     provision,
     write_test_inventory,
 )
+from tests.prometheus import wait_targets_up
 
 pytestmark = pytest.mark.e2e
 
@@ -281,20 +282,10 @@ def test_site_yml_through_the_aws_inventory_builds_a_working_fleet(
     expected = {("node", h) for hs in names.values() for h in hs} | {
         ("mysqld", h) for h in names["mysql"]} | {("redis", h) for h in names["redis"]} | {
         (job, mon) for job in ("shardfleet", "prometheus", "alertmanager")}
-    deadline = time.monotonic() + 120
-    while True:
-        targets = json.loads(sh(mon, f"python3 -c \"import urllib.request; print(urllib.request"
-                                     f".urlopen('http://{addr[mon]}:9090/api/v1/targets')"
-                                     f".read().decode())\""))["data"]["activeTargets"]
-        seen = {(t["scrapePool"], t["labels"]["instance"]) for t in targets}
-        down = [(t["scrapePool"], t["labels"]["instance"], t["lastError"]) for t in targets
-                if t["health"] != "up"]
-        if seen == expected and not down:
-            break
-        assert time.monotonic() < deadline, (
-            f"Prometheus targets: missing {expected - seen}, extra {seen - expected}, "
-            f"not up {down}")
-        time.sleep(3)
+    wait_targets_up(lambda: json.loads(sh(
+        mon, f"python3 -c \"import urllib.request; print(urllib.request.urlopen("
+             f"'http://{addr[mon]}:9090/api/v1/targets').read().decode())\""))["data"]
+        ["activeTargets"], expected)
 
     # fleet-status.yml through the same inventory: the map-centred table, read from the
     # control node (no socket, no container addresses, no fleet label), the caches asked

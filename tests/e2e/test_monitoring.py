@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.conftest import E2E_TLS, Fleet
 from tests.e2e.test_site import mysql
+from tests.prometheus import wait_targets_up
 
 pytestmark = pytest.mark.e2e
 
@@ -58,21 +59,15 @@ def _ran_site(fleet: Fleet) -> None:
 def test_prometheus_scrapes_every_exporter_of_the_fleet(fleet: Fleet) -> None:
     _ran_site(fleet)
     every = sorted(fleet.hosts)
-    expected = {(job, f"{fleet.ip(h)}:{port}") for job, (port, group) in JOBS.items()
+    # instance is the inventory name, scraped at the host's fleet address
+    expected = {(job, h) for job, (_, group) in JOBS.items()
                 for h in (fleet.group(group) if group else every)}
-    deadline = time.monotonic() + 120  # a scrape interval (15 s) and the exporters' start
-    while True:
-        active = _prometheus(fleet, "targets?state=active")["activeTargets"]
-        seen = {(t["scrapePool"], t["scrapeUrl"].split("/")[2]) for t in active}
-        down = [(t["scrapePool"], t["labels"]["instance"], t["health"], t["lastError"])
-                for t in active if t["health"] != "up"]
-        if seen == expected and not down:
-            break
-        assert time.monotonic() < deadline, (
-            f"targets missing {sorted(expected - seen)}, unexpected {sorted(seen - expected)}, "
-            f"not up {down}")
-        time.sleep(3)
-    # instance is the inventory name; the MySQL targets carry their pair
+    active = wait_targets_up(
+        lambda: _prometheus(fleet, "targets?state=active")["activeTargets"], expected)
+    addresses = {(t["scrapePool"], t["labels"]["instance"], t["scrapeUrl"].split("/")[2])
+                 for t in active}
+    assert addresses == {(job, h, f"{fleet.ip(h)}:{JOBS[job][0]}") for job, h in expected}
+    # the MySQL targets carry their pair
     mysqld = {t["labels"]["instance"]: t["labels"].get("pair") for t in active
               if t["scrapePool"] == "mysqld"}
     assert mysqld == {h: fleet.hosts[h]["shardfleet_pair"] for h in fleet.group("mysql")}
