@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,22 @@ def _shard_dbs(fleet: Fleet, server: str) -> set[str]:
         conn.close()
 
 
+def _wait_scraped(fleet: Fleet, want: set[tuple[str, str]], timeout: float = 120) -> None:
+    """Prometheus (the monitoring host) scrapes these (job, inventory name) targets and
+    each answers: fleet-add.yml gave the new pair its exporters and Prometheus its
+    targets."""
+    url = f"http://{fleet.ip(fleet.group('monitoring')[0])}:9090/api/v1/targets?state=active"
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the fleet's own
+            active = json.loads(resp.read().decode())["data"]["activeTargets"]
+        up = {(t["scrapePool"], t["labels"]["instance"]) for t in active if t["health"] == "up"}
+        if want <= up:
+            return
+        assert time.monotonic() < deadline, f"Prometheus does not scrape {sorted(want - up)}"
+        time.sleep(3)
+
+
 def test_a_physical_split_killed_during_its_copy_finishes_on_rerun(
         fleet: Fleet, tmp_path: Path) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; nothing to split"
@@ -98,6 +115,7 @@ def test_a_physical_split_killed_during_its_copy_finishes_on_rerun(
         assert sorted(hosts) == [f"{PREFIX_TO}mysql007a", f"{PREFIX_TO}mysql007b"], hosts
         tgt = [f"{hosts[h]['shardfleet_container_ip']}:3306" for h in sorted(hosts)]
         report.append(f"fleet-add.yml {NEW_PAIR} {t_add:.0f}s")
+        _wait_scraped(fleet, {(job, h) for job in ("node", "mysqld") for h in hosts})
 
         moving = _top(r)
         shards = _sample(r, moving)
