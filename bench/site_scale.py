@@ -173,6 +173,8 @@ def _hosts(pairs: int) -> dict:
                                 for i in (1, 2, 3)}},
         "redis": {"hosts": {f"{PREFIX}redis1": {"shardfleet_container_ip": f"{NET}41"}}},
         "memcached": {"hosts": {f"{PREFIX}memcached1": {"shardfleet_container_ip": f"{NET}51"}}},
+        # Prometheus, Alertmanager, the shardfleet exporter (the local inventory's monitoring)
+        "monitoring": {"hosts": {f"{PREFIX}monitor1": {"shardfleet_container_ip": f"{NET}56"}}},
     }
     return {"all": {"children": {"fleet": {"children": groups}}}}
 
