@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -662,24 +661,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail("interrupted", EXIT_RUNTIME)
 
 
-# seconds the process may spend in its exit hooks once main() returned
-EXIT_GRACE = 5.0
-
-
-def run() -> None:
-    """The ``shardfleet`` command's process: :func:`main`, then exit with its code. The
-    exit is bounded: an exit hook that hangs (kazoo's joins the worker threads of a
-    ZooKeeper client, which may wait for ever on an ensemble that is gone, as after
-    Ctrl-C in ``status --watch``) is cut off after :data:`EXIT_GRACE` seconds, and the
-    process still ends with main()'s code."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    timer = threading.Timer(EXIT_GRACE, os._exit, args=(code,))
-    timer.daemon = True  # runs on while the exit hooks do, ends with the process
-    timer.start()
-    sys.exit(code)
-
-
 if __name__ == "__main__":  # pragma: no cover
-    run()
+    sys.exit(main())

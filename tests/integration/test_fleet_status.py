@@ -21,7 +21,7 @@ import yaml
 
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 from shardfleet.shardmap import ShardMap
-from shardfleet.testing import MariaDBServer, free_port
+from shardfleet.testing import MariaDBServer, free_port, sigint_default
 from shardfleet.testing.kit import make_server, pair_up, start_all, wait_pair_synced
 
 from .conftest import make_shards
@@ -277,7 +277,8 @@ def test_status_watch_shows_a_change_in_the_next_round_and_stops_on_ctrl_c(fleet
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "shardfleet"), "status", "--zk", zookeeper.address,
          "--cluster", fleet["cluster"], "--user", "root", "--no-sizes", "--watch", "0.3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=sigint_default)
     rounds: list[str] = []  # the whole reports, in order (rounds[i] is report i + 1)
     reading: list[list[str]] = []  # the report being read, once its header came
     deadline = time.monotonic() + 240

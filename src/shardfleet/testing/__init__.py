@@ -13,7 +13,8 @@ from shardfleet.testing.servers import (
     ZooKeeperMember,
     ZooKeeperServer,
     free_port,
+    sigint_default,
 )
 
 __all__ = ["MariaDBServer", "MemcachedServer", "RedisServer", "ZooKeeperEnsemble",
-           "ZooKeeperMember", "ZooKeeperServer", "free_port"]
+           "ZooKeeperMember", "ZooKeeperServer", "free_port", "sigint_default"]

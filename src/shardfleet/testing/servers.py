@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -16,6 +17,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: SIGINT as a terminal gives it. A
+    test run started in the background by a shell without job control inherits SIGINT
+    ignored, and a Python child then keeps ignoring it (it installs its
+    KeyboardInterrupt handler only over the default)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:
