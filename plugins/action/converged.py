@@ -1,0 +1,204 @@
+# Copyright: shardfleet contributors
+# Apache License 2.0
+"""The converged module's control-node half: the digest of a play's inputs for a host.
+
+Everything a site.yml play reads goes into one SHA-256 (docs/roles.md, "A rerun on a
+converged fleet"): the collection's own files, the inventory's files and the loaded
+inventory (a dynamic one's hosts and groups too), this host's inventory variables as
+templated now, the -e arguments, and the play's ``paths`` and ``inputs``. A change to
+any of them sends the host down the play's full path. Secrets are left out of the
+templated part (their sources, a vault file or an -e argument, are hashed as they are
+written) so the digest, which the host keeps and -vvv prints, is no oracle for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import yaml  # Ansible's own dependency
+from ansible import context
+from ansible.plugins.action import ActionBase
+
+DOCUMENTATION = ""  # the module's (plugins/modules/converged.py)
+
+MODULE = "shardfleet.fleet.converged"
+COLLECTION = Path(__file__).resolve().parents[2]
+# what the collection is made of; the library (src/shardfleet) when the collection carries it
+COLLECTION_PARTS = ("galaxy.yml", "roles", "playbooks", "plugins", "src/shardfleet")
+SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", "molecule"}
+SECRET = re.compile(r"password|passwd|passphrase|secret|token|private|_key$|^vault_", re.I)
+VARS_DIRS = ("group_vars", "host_vars")
+
+
+def files_under(path: Path) -> list[Path]:
+    """``path`` itself, or every file below it (sorted; caches and bytecode left out)."""
+    if path.is_file():
+        return [path]
+    found: list[Path] = []
+    for top, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        found.extend(Path(top) / n for n in sorted(names) if not n.endswith(".pyc"))
+    return found
+
+
+def hash_files(h: Any, label: str, paths: list[Path], base: Path | None = None) -> None:
+    for p in paths:
+        name = str(p.relative_to(base)) if base is not None else str(p)
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            data = f"<unreadable: {type(e).__name__}>".encode()
+        h.update(f"\0{label}\0{name}\0{len(data)}\0".encode())
+        h.update(data)
+
+
+def collection_files() -> list[Path]:
+    return [f for part in COLLECTION_PARTS if (COLLECTION / part).exists()
+            for f in files_under(COLLECTION / part)]
+
+
+def inventory_files(sources: list[str], playbook_dir: str | None) -> list[Path]:
+    """The inventory's files: a directory source whole; a file source with the
+    group_vars/host_vars beside it; the playbook directory's group_vars/host_vars."""
+    roots: list[Path] = []
+    for source in sources:
+        p = Path(source)
+        if p.is_dir():
+            roots.append(p)
+        elif p.is_file():
+            roots.append(p)
+            roots.extend(p.parent / d for d in VARS_DIRS)
+    if playbook_dir:
+        roots.extend(Path(playbook_dir) / d for d in VARS_DIRS)
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for root in roots:
+        if not root.exists():
+            continue
+        for f in files_under(root):
+            if f not in seen:
+                seen.add(f)
+                out.append(f)
+    return out
+
+
+def extra_vars_text(extra_vars: list[str] | tuple[str, ...]) -> list[str]:
+    """The -e arguments as given, an @file one by its contents."""
+    out = []
+    for arg in extra_vars:
+        if arg.startswith("@"):
+            try:
+                out.append(arg + "\0" + Path(arg[1:]).read_text(errors="replace"))
+            except OSError as e:
+                out.append(f"{arg}\0<unreadable: {type(e).__name__}>")
+        else:
+            out.append(arg)
+    return out
+
+
+def canonical(data: object) -> str:
+    return json.dumps(data, sort_keys=True, default=repr, separators=(",", ":"))
+
+
+def loaded_inventory(hostvars: object) -> str | None:
+    """Every host's and group's variables as the inventory plugins loaded them (raw,
+    not templated), and the membership: what a dynamic inventory adds to its files."""
+    inventory = getattr(hostvars, "_inventory", None)
+    if inventory is None:
+        return None
+    hosts = {name: {"vars": dict(h.vars), "groups": sorted(g.name for g in h.get_groups())}
+             for name, h in inventory.hosts.items()}
+    groups = {name: {"vars": dict(g.vars), "children": sorted(c.name for c in g.child_groups)}
+              for name, g in inventory.groups.items()}
+    return canonical({"hosts": hosts, "groups": groups})
+
+
+def var_names(files: list[Path], hostvars: object, host: str) -> set[str]:
+    """The names of the inventory's variables: the top-level keys of its group_vars and
+    host_vars files, and the host's and its groups' variables in the loaded inventory."""
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    names: set[str] = set()
+    for f in files:
+        if not any(part in VARS_DIRS for part in f.parts) or f.suffix not in (".yml", ".yaml", ""):
+            continue
+        try:
+            data = yaml.load(f.read_text(errors="replace"), Loader=Loader)  # noqa: S506 - safe loader subclass
+        except (OSError, yaml.YAMLError):
+            continue  # a vault-encrypted file: its bytes are hashed
+        if isinstance(data, dict):
+            names.update(str(k) for k in data)
+    inventory = getattr(hostvars, "_inventory", None)
+    h = inventory.hosts.get(host) if inventory is not None else None
+    if h is not None:
+        names.update(h.vars)
+        for g in h.get_groups():
+            names.update(g.vars)
+    return names
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("name", "state", "digest", "enabled", "services", "paths",
+                             "inputs", "max_age", "path"))
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        if args.get("state", "check") == "present":
+            narrowed = self._narrowed()
+            if narrowed:
+                result.update(changed=False, converged=False, digest=args.get("digest") or "",
+                              reason="", written=False,
+                              msg=f"no stamp: the run is narrowed by {narrowed}, "
+                                  "so the host is not known converged")
+                return result
+        else:
+            args["digest"] = self._digest(args, task_vars)
+        result.update(self._execute_module(module_name=MODULE, module_args=args,
+                                           task_vars=task_vars))
+        return result
+
+    @staticmethod
+    def _narrowed() -> str:
+        cli = context.CLIARGS
+        tags = [t for t in (cli.get("tags") or ()) if t != "all"]
+        parts = (("--tags", tags), ("--skip-tags", list(cli.get("skip_tags") or ())),
+                 ("--start-at-task", cli.get("start_at_task")), ("--step", cli.get("step")))
+        return ", ".join(flag for flag, value in parts if value)
+
+    def _digest(self, args: dict, task_vars: dict) -> str:
+        h = hashlib.sha256(b"shardfleet converged 1")
+        host = str(task_vars.get("inventory_hostname", ""))
+        h.update(canonical([str(args.get("name")), host,
+                            str(task_vars.get("ansible_version", {}).get("full", ""))]).encode())
+        hash_files(h, "collection", collection_files(), COLLECTION)
+        inv_files = inventory_files(list(task_vars.get("ansible_inventory_sources") or []),
+                                    task_vars.get("playbook_dir"))
+        hash_files(h, "inventory", inv_files)
+        hostvars = task_vars.get("hostvars")
+        loaded = loaded_inventory(hostvars)
+        # an inventory this cannot read is never known converged
+        h.update((loaded if loaded is not None else secrets.token_hex(16)).encode())
+        h.update(canonical(extra_vars_text(list(context.CLIARGS.get("extra_vars") or ()))).encode())
+        templated = {}
+        for name in sorted(var_names(inv_files, hostvars, host)):
+            if name not in task_vars or SECRET.search(name):
+                continue
+            try:
+                templated[name] = self._templar.template(task_vars[name])
+            except Exception as e:  # noqa: BLE001 - undefined before facts: the same answer each run
+                templated[name] = f"<{type(e).__name__}>"
+        h.update(canonical(templated).encode())
+        hash_files(h, "paths", [Path(p) for p in args.get("paths") or []])
+        h.update(canonical(args.get("inputs")).encode())
+        return h.hexdigest()

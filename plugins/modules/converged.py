@@ -1,0 +1,246 @@
+#!/usr/bin/python
+# Copyright: shardfleet contributors
+# Apache License 2.0
+"""A host's converged stamp: the digest of the inputs a play last converged it with."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: converged
+short_description: Tell whether a host is converged with this run's inputs (site.yml's fast path)
+description:
+  - A play that ends with O(state=present) leaves a stamp on the host
+    (C(<path>/<name>.json)) naming the digest of its inputs, the services it left
+    running and the host's address. The next run's O(state=check) compares it and
+    returns RV(converged) true only when nothing the play reads has changed and the
+    host still looks as the play left it; the play then ends for that host
+    (C(meta: end_host)) instead of checking each of its tasks again.
+  - The digest is computed on the control node by the module's action plugin, never
+    given by hand. It covers the collection's files (roles, playbooks, plugins, the
+    library), the inventory's files and every host and group variable of the loaded
+    inventory (a dynamic inventory's too), this host's inventory variables as
+    templated now (environment lookups, vault values), the C(-e) arguments, the
+    contents of O(paths) and O(inputs).
+  - RV(converged) is false, and the play runs in full, when there is no stamp, the
+    digest differs, the stamp is older than O(max_age) seconds (time-bound work such
+    as certificate renewal gets its turn), the host's address changed, a service the
+    stamp names is not active, or O(enabled) is false.
+  - O(state=check) removes a stamp that does not match, so a run that fails half-way
+    never leaves one behind. O(state=present) writes the stamp only when the run was
+    not narrowed by C(--tags), C(--skip-tags), C(--start-at-task) or C(--step) (a
+    partial run is not a converged host). Neither reports a change: the stamp is
+    bookkeeping, not configuration.
+options:
+  name:
+    description: The stamp's name, one per play (C(mysql), C(monitoring), ...).
+    type: str
+    required: true
+  state:
+    description: C(check) compares (and removes a stale stamp); C(present) writes one.
+    type: str
+    choices: [check, present]
+    default: check
+  digest:
+    description:
+      - For O(state=present), the RV(digest) the play's O(state=check) returned.
+      - For O(state=check), set by the action plugin; do not set it.
+    type: str
+  enabled:
+    description: False makes O(state=check) answer false (a full run, the drift check).
+    type: bool
+    default: true
+  services:
+    description:
+      - For O(state=present), the systemd units the play left running; a later check
+        wants each of them active.
+    type: list
+    elements: str
+    default: []
+  paths:
+    description:
+      - Files on the control node whose contents are inputs (a CA certificate); a
+        missing file is an input too.
+    type: list
+    elements: path
+    default: []
+  inputs:
+    description: Further inputs of the play, any data (the shard map's version).
+    type: raw
+  max_age:
+    description: Seconds a stamp stays good for; 0 means no limit.
+    type: int
+    default: 86400
+  path:
+    description: The directory of the stamps on the host.
+    type: path
+    default: /var/lib/shardfleet/converged
+attributes:
+  action:
+    support: full
+  check_mode:
+    support: full
+  idempotent:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Compare the host's stamp with this run's inputs
+  shardfleet.fleet.converged:
+    name: mysql
+    paths: ["{{ shardfleet_tls_ca_cert }}"]
+  register: mysql_converged
+
+- name: End the play for a converged host
+  ansible.builtin.meta: end_host
+  when: mysql_converged.converged
+
+# ... the roles ...
+
+- name: Stamp the host converged
+  shardfleet.fleet.converged:
+    name: mysql
+    state: present
+    digest: "{{ mysql_converged.digest }}"
+    services: [mariadb]
+"""
+
+RETURN = r"""
+converged:
+  description: Whether the host's stamp matches this run's inputs (O(state=check)).
+  type: bool
+  returned: always
+digest:
+  description: The digest of this run's inputs (O(state=check)), or the one written.
+  type: str
+  returned: always
+reason:
+  description: Why the host is not converged (empty when it is).
+  type: str
+  returned: always
+written:
+  description: Whether O(state=present) wrote the stamp.
+  type: bool
+  returned: always
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+def host_address():
+    """The address the host reaches the world from (Ansible's default_ipv4 takes the same
+    route): a UDP socket's connect sends nothing. Empty without a default route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("8.8.8.8", 53))
+            return s.getsockname()[0]
+    except OSError:
+        return ""
+
+
+def inactive(services):
+    """The units of ``services`` that are not active (one systemctl call)."""
+    if not services:
+        return []
+    proc = subprocess.run(["systemctl", "is-active", *services], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, check=False)
+    states = proc.stdout.split()
+    if len(states) != len(services):
+        return list(services)
+    return [s for s, state in zip(services, states, strict=True) if state != "active"]
+
+
+def read_stamp(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def mismatch(stamp, digest, address, max_age, now):
+    """Why ``stamp`` does not show a host converged with ``digest`` (empty: it does)."""
+    if stamp is None:
+        return "no stamp"
+    if stamp.get("digest") != digest:
+        return "inputs changed"
+    age = now - float(stamp.get("time", 0))
+    if max_age and not 0 <= age <= max_age:
+        return f"stamp is {age:.0f} s old (max_age {max_age})"
+    if stamp.get("address", "") != address:
+        return f"address changed from {stamp.get('address') or 'none'} to {address or 'none'}"
+    down = inactive([str(s) for s in stamp.get("services") or []])
+    if down:
+        return "not active: " + ", ".join(down)
+    return ""
+
+
+def write_stamp(path, stamp):
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".stamp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(stamp, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            state=dict(type="str", choices=["check", "present"], default="check"),
+            digest=dict(type="str"),
+            enabled=dict(type="bool", default=True),
+            services=dict(type="list", elements="str", default=[]),
+            paths=dict(type="list", elements="path", default=[]),
+            inputs=dict(type="raw"),
+            max_age=dict(type="int", default=86400),
+            path=dict(type="path", default="/var/lib/shardfleet/converged"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not NAME.match(p["name"]):
+        module.fail_json(msg=f"name {p['name']!r}: lowercase letters, digits, "
+                             "'.', '_' and '-' only")
+    if not p["digest"]:
+        module.fail_json(msg="digest is missing: the action plugin computes it for state=check, "
+                             "and state=present takes the check's returned digest")
+    stamp_path = os.path.join(p["path"], p["name"] + ".json")
+    result = dict(changed=False, converged=False, digest=p["digest"], reason="", written=False)
+    if p["state"] == "present":
+        if not module.check_mode:
+            write_stamp(stamp_path, dict(digest=p["digest"], time=time.time(),
+                                         address=host_address(), services=p["services"]))
+            result["written"] = True
+        module.exit_json(**result)
+
+    stamp = read_stamp(stamp_path)
+    reason = "disabled (enabled=false)" if not p["enabled"] else \
+        mismatch(stamp, p["digest"], host_address(), p["max_age"], time.time())
+    result.update(converged=not reason, reason=reason)
+    if reason and os.path.lexists(stamp_path) and not module.check_mode:
+        os.unlink(stamp_path)  # a run that stops half-way leaves no stamp behind
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
