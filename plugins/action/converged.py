@@ -6,9 +6,10 @@ Everything a site.yml play reads goes into one SHA-256 (docs/roles.md, "A rerun 
 converged fleet"): the collection's own files, the inventory's files and the loaded
 inventory (a dynamic one's hosts and groups too), this host's inventory variables as
 templated now, the -e arguments, and the play's ``paths`` and ``inputs``. A change to
-any of them sends the host down the play's full path. Secrets are left out of the
-templated part (their sources, a vault file or an -e argument, are hashed as they are
-written) so the digest, which the host keeps and -vvv prints, is no oracle for them.
+any of them sends the host down the play's full path. Secrets (variables named like
+one) are left out of the templated part and of the -e arguments (a vault file's bytes
+are hashed as they are written), so the digest, which the host keeps and -vvv prints, is
+no oracle for them; and so are the fast path's own switches (shardfleet_converged_*).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import yaml  # Ansible's own dependency
 from ansible import context
 from ansible.plugins.action import ActionBase
+from ansible.utils.vars import load_extra_vars
 
 DOCUMENTATION = ""  # the module's (plugins/modules/converged.py)
 
@@ -34,6 +36,7 @@ COLLECTION_PARTS = ("galaxy.yml", "roles", "playbooks", "plugins", "src/shardfle
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", "molecule"}
 SECRET = re.compile(r"password|passwd|passphrase|secret|token|private|_key$|^vault_", re.I)
 VARS_DIRS = ("group_vars", "host_vars")
+OWN_SWITCHES = "shardfleet_converged_"
 
 
 def files_under(path: Path) -> list[Path]:
@@ -88,22 +91,18 @@ def inventory_files(sources: list[str], playbook_dir: str | None) -> list[Path]:
     return out
 
 
-def extra_vars_text(extra_vars: list[str] | tuple[str, ...]) -> list[str]:
-    """The -e arguments as given, an @file one by its contents."""
-    out = []
-    for arg in extra_vars:
-        if arg.startswith("@"):
-            try:
-                out.append(arg + "\0" + Path(arg[1:]).read_text(errors="replace"))
-            except OSError as e:
-                out.append(f"{arg}\0<unreadable: {type(e).__name__}>")
-        else:
-            out.append(arg)
-    return out
+def inputs_only(variables: dict) -> dict:
+    """``variables`` without the fast path's own switches (a full run -e
+    shardfleet_converged_fast_path=false stamps what the next plain run accepts) and
+    without secrets."""
+    return {k: v for k, v in variables.items()
+            if not str(k).startswith(OWN_SWITCHES) and not SECRET.search(str(k))}
 
 
 def canonical(data: object) -> str:
-    return json.dumps(data, sort_keys=True, default=repr, separators=(",", ":"))
+    # an object JSON cannot write (an encrypted value) counts by its type alone
+    return json.dumps(data, sort_keys=True, separators=(",", ":"),
+                      default=lambda o: f"<{type(o).__name__}>")
 
 
 def loaded_inventory(hostvars: object) -> str | None:
@@ -189,10 +188,12 @@ class ActionModule(ActionBase):
         loaded = loaded_inventory(hostvars)
         # an inventory this cannot read is never known converged
         h.update((loaded if loaded is not None else secrets.token_hex(16)).encode())
-        h.update(canonical(extra_vars_text(list(context.CLIARGS.get("extra_vars") or ()))).encode())
+        # the -e arguments as parsed (an @file's variables), untemplated
+        h.update(canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode())
         templated = {}
-        for name in sorted(var_names(inv_files, hostvars, host)):
-            if name not in task_vars or SECRET.search(name):
+        names = var_names(inv_files, hostvars, host)
+        for name in sorted(inputs_only(dict.fromkeys(names))):
+            if name not in task_vars:
                 continue
             try:
                 templated[name] = self._templar.template(task_vars[name])

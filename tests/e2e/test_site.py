@@ -4,8 +4,10 @@ holds none of the passwords."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import subprocess
 import time
 
 import pymysql
@@ -52,6 +54,48 @@ def test_rerun_changes_nothing(fleet: Fleet) -> None:
     assert run.rc == 0, f"site.yml rerun failed:\n{run.output[-4000:]}"
     changed = {h: c["changed"] for h, c in run.recap().items() if c["changed"]}
     assert not changed, f"site.yml rerun is not idempotent: changed per host {changed}"
+
+
+# On the converged fast path a host runs its plays' stamp checks and nothing else: a
+# service host one per play, a MariaDB host its checks, the library's, the map read and
+# the node's role (facts set on the control node).
+FAST_PATH_TASKS = {"mysql": 12, "zookeeper": 2, "redis": 2, "memcached": 2, "monitoring": 2}
+
+
+def _skip_if_narrowed() -> None:
+    if os.environ.get("SHARDFLEET_E2E_SKIP_TAGS"):
+        pytest.skip("SHARDFLEET_E2E_SKIP_TAGS narrows the runs: no host is stamped converged")
+
+
+def test_converged_rerun_takes_the_fast_path(fleet: Fleet) -> None:
+    _skip_if_narrowed()
+    run = fleet.runs["site-rerun-fast"]
+    assert run.rc == 0, f"site.yml fast rerun failed:\n{run.output[-4000:]}"
+    recap = run.recap()
+    for host, vals in fleet.hosts.items():
+        c = recap[host]
+        assert c["changed"] == 0, (host, c)
+        assert c["ok"] + c["skipped"] <= FAST_PATH_TASKS[vals["group"]], (
+            f"{host} ran {c['ok']} tasks and skipped {c['skipped']} on a converged fleet: "
+            f"not the fast path ({FAST_PATH_TASKS[vals['group']]} at most)")
+
+
+def test_a_stopped_service_sends_its_host_down_the_full_path(fleet: Fleet) -> None:
+    _skip_if_narrowed()
+    host = fleet.group("memcached")[0]
+    subprocess.run(["podman", "exec", host, "systemctl", "stop", "memcached"], check=True,
+                   timeout=60)
+    run = fleet.playbook("site.yml")
+    assert run.rc == 0, f"site.yml failed:\n{run.output[-4000:]}"
+    recap = run.recap()
+    assert recap[host]["changed"] >= 1 and recap[host]["ok"] > 10, (
+        f"{host}, its memcached stopped, took the fast path: {recap[host]}")
+    active = subprocess.run(["podman", "exec", host, "systemctl", "is-active", "memcached"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert active.stdout.strip() == "active", active.stdout + active.stderr
+    others = {h: c for h, c in recap.items() if h in fleet.hosts and h != host
+              and c["ok"] + c["skipped"] > FAST_PATH_TASKS[fleet.hosts[h]["group"]]}
+    assert not others, f"converged hosts left the fast path: {others}"
 
 
 # The package installs of every role: on a converged host dpkg-query finds every package

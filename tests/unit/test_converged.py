@@ -37,7 +37,7 @@ PLAY = """
       shardfleet.fleet.converged:
         name: play
         path: "{{ stamps }}"
-        enabled: "{{ fast }}"
+        enabled: "{{ fast | bool and (shardfleet_converged_fast_path | default(true) | bool) }}"
         max_age: "{{ age }}"
         paths: "{{ files | default([]) }}"
         inputs: "{{ more | default(omit) }}"
@@ -187,3 +187,12 @@ def test_the_drift_check_runs_in_full_and_a_narrowed_run_writes_no_stamp(env: En
     assert not env.stamp.exists()
     env.run("--check")
     assert not env.stamp.exists(), "check mode writes no stamp"
+
+
+def test_the_drift_check_stamps_what_the_next_fast_run_accepts(env: Env) -> None:
+    # the fast path's own switch is no input: the nightly full run leaves the fleet
+    # converged for the next plain rerun
+    env.run()
+    full = env.run("-e", "shardfleet_converged_fast_path=false")
+    assert full["check"]["converged"] is False and full["stamp"]["written"] is True
+    assert env.check(SF_STAMP="0")["converged"] is True
