@@ -15,7 +15,7 @@ description:
     running and the host's address. The next run's O(state=check) compares it and
     returns RV(converged) true only when nothing the play reads has changed and the
     host still looks as the play left it; the play then ends for that host
-    (C(meta: end_host)) instead of checking each of its tasks again.
+    (C(meta) C(end_host)) instead of checking each of its tasks again.
   - The digest is computed on the control node by the module's action plugin, never
     given by hand. It covers the collection's files (roles, playbooks, plugins, the
     library), the inventory's files and every host and group variable of the loaded
@@ -29,7 +29,7 @@ description:
   - O(state=check) removes a stamp that does not match, so a run that fails half-way
     never leaves one behind. O(state=present) writes the stamp only when the run was
     not narrowed by C(--tags), C(--skip-tags), C(--start-at-task) or C(--step) (a
-    partial run is not a converged host). Neither reports a change: the stamp is
+    partial run is not a converged host). Neither reports a change, the stamp being
     bookkeeping, not configuration.
 options:
   name:
