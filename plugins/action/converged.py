@@ -105,10 +105,9 @@ def canonical(data: object) -> str:
                       default=lambda o: f"<{type(o).__name__}>")
 
 
-def loaded_inventory(hostvars: object) -> str | None:
+def loaded_inventory(inventory: Any) -> str | None:
     """Every host's and group's variables as the inventory plugins loaded them (raw,
     not templated), and the membership: what a dynamic inventory adds to its files."""
-    inventory = getattr(hostvars, "_inventory", None)
     if inventory is None:
         return None
     hosts = {name: {"vars": dict(h.vars), "groups": sorted(g.name for g in h.get_groups())}
@@ -118,7 +117,7 @@ def loaded_inventory(hostvars: object) -> str | None:
     return canonical({"hosts": hosts, "groups": groups})
 
 
-def var_names(files: list[Path], hostvars: object, host: str) -> set[str]:
+def var_names(files: list[Path], inventory: Any, host: str) -> set[str]:
     """The names of the inventory's variables: the top-level keys of its group_vars and
     host_vars files, and the host's and its groups' variables in the loaded inventory."""
     class Loader(yaml.SafeLoader):
@@ -135,7 +134,6 @@ def var_names(files: list[Path], hostvars: object, host: str) -> set[str]:
             continue  # a vault-encrypted file: its bytes are hashed
         if isinstance(data, dict):
             names.update(str(k) for k in data)
-    inventory = getattr(hostvars, "_inventory", None)
     h = inventory.hosts.get(host) if inventory is not None else None
     if h is not None:
         names.update(h.vars)
@@ -163,6 +161,9 @@ class ActionModule(ActionBase):
                 return result
         else:
             args["digest"] = self._digest(args, task_vars)
+        # paths and inputs are the digest's, on the control node: not shipped to the host
+        args.pop("paths", None)
+        args.pop("inputs", None)
         result.update(self._execute_module(module_name=MODULE, module_args=args,
                                            task_vars=task_vars))
         return result
@@ -184,14 +185,15 @@ class ActionModule(ActionBase):
         inv_files = inventory_files(list(task_vars.get("ansible_inventory_sources") or []),
                                     task_vars.get("playbook_dir"))
         hash_files(h, "inventory", inv_files)
-        hostvars = task_vars.get("hostvars")
-        loaded = loaded_inventory(hostvars)
+        # the loaded inventory (HostVars keeps it; an inventory plugin's hosts are there only)
+        inventory = getattr(task_vars.get("hostvars"), "_inventory", None)
+        loaded = loaded_inventory(inventory)
         # an inventory this cannot read is never known converged
         h.update((loaded if loaded is not None else secrets.token_hex(16)).encode())
         # the -e arguments as parsed (an @file's variables), untemplated
         h.update(canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode())
         templated = {}
-        names = var_names(inv_files, hostvars, host)
+        names = var_names(inv_files, inventory, host)
         for name in sorted(inputs_only(dict.fromkeys(names))):
             if name not in task_vars:
                 continue
