@@ -137,12 +137,12 @@ def test_a_standby_backup_restores_to_a_point_in_time_onto_fresh_containers(
     writes = random.Random(6).sample(shards, 16)
     w = Writer(store, writes, threads=2, seconds=600, max_ops=50_000, pause=0.01).start()
     try:
-        assert w.wait_acks(100, timeout=120), f"writer made no progress: {w.errors[-3:]}"
+        assert w.wait_acks(100, timeout=120), f"writer made no progress\n{w.status()}"
         t0 = time.monotonic()
         rc, out = _play(fleet, fleet.inventory, "backup.yml", *s3_args)
         seconds = time.monotonic() - t0
         assert rc == 0, out[-4000:]
-        assert w.wait_acks(100, timeout=120), f"writer did not go on: {w.errors[-3:]}"
+        assert w.wait_acks(100, timeout=120), f"writer did not go on\n{w.status()}"
     finally:
         w.stop()
         store.close()

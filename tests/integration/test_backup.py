@@ -90,13 +90,13 @@ def test_a_backup_of_the_standby_under_a_writer_restores_with_its_checksums(
     master, standby = roles(pair)
     w = tp.Writer(writer_store, max_seconds=120).start()
     try:
-        assert w.wait_acks(50), f"writer made no progress: {w.errors[-3:]}"
+        assert w.wait_acks(50), f"writer made no progress\n{w.status()}"
         wait_applied(standby, master)
         before = w.acked  # on the standby before the backup starts
         parts: list[int] = []
         m = take(s3, loc, standby, compress=True,
                  progress=lambda p: parts.append(p.object_bytes))
-        assert w.wait_acks(20), f"writer stopped during the backup: {w.errors[-3:]}"
+        assert w.wait_acks(20), f"writer stopped during the backup\n{w.status()}"
     finally:
         w.stop()
     assert m["checksums_at_position"], m["checksums_note"]
@@ -383,10 +383,10 @@ def test_point_in_time_restore_replays_the_masters_archived_binlogs_to_a_gtid(
     master, standby = roles(pair)
     w = tp.Writer(writer_store, max_seconds=120).start()
     try:
-        assert w.wait_acks(30), f"writer made no progress: {w.errors[-3:]}"
+        assert w.wait_acks(30), f"writer made no progress\n{w.status()}"
         m = take(s3, loc, standby, compress=True)
         n_backup = len(w.acked)
-        assert w.wait_acks(30), f"writer stopped: {w.errors[-3:]}"
+        assert w.wait_acks(30), f"writer stopped\n{w.status()}"
     finally:
         w.stop()
     upto = w.acked  # every acknowledged write is before the point in time...

@@ -204,7 +204,7 @@ def test_a_new_master_restarted_before_the_rebuild_is_made_writable_by_it(pair, 
     assert roles(pair) == (standby, master), "the map's master is not the writable node"
     w = tp.Writer(writer_store, max_seconds=30).start()
     try:
-        assert w.wait_acks(20), f"the pair takes no writes: {w.errors[-3:]}"
+        assert w.wait_acks(20), f"the pair takes no writes\n{w.status()}"
     finally:
         w.stop()
     both_ways(master, standby)
@@ -242,7 +242,7 @@ def test_a_new_master_restarted_after_the_emergency_serves_again_without_semi_sy
     assert not again.changed, again.to_dict()
     w = tp.Writer(writer_store, max_seconds=30).start()
     try:
-        assert w.wait_acks(20), f"the pair takes no writes: {w.errors[-3:]}"
+        assert w.wait_acks(20), f"the pair takes no writes\n{w.status()}"
     finally:
         w.stop()
     rebuild_and_check(zk_store, pair, master, standby)
@@ -303,7 +303,7 @@ def test_a_master_back_before_the_emergency_serves_again_by_the_command_it_names
     both_ways(master, standby)
     w = tp.Writer(writer_store, max_seconds=30).start()
     try:
-        assert w.wait_acks(20), f"the pair takes no writes: {w.errors[-3:]}"
+        assert w.wait_acks(20), f"the pair takes no writes\n{w.status()}"
     finally:
         w.stop()
     again = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
@@ -465,7 +465,7 @@ def test_emergency_refuses_a_master_cut_off_from_the_control_node_only(
     w = tp.Writer(writer_store, max_seconds=60).start() if load == "writing" else None
     try:
         if w is not None:
-            assert w.wait_acks(50), f"writer made no progress: {w.errors[-3:]}"
+            assert w.wait_acks(50), f"writer made no progress\n{w.status()}"
         with cut_off_from_control_node(monkeypatch, master):
             for force in (False, True):
                 with pytest.raises(PromotionRefused,
@@ -474,7 +474,7 @@ def test_emergency_refuses_a_master_cut_off_from_the_control_node_only(
                     promote.promote(zk_store, PAIR, nodes(pair), mode="emergency",
                                     opts=opts(force=force))
         if w is not None:
-            assert w.wait_acks(20), f"writes stopped: {w.errors[-3:]}"
+            assert w.wait_acks(20), f"writes stopped\n{w.status()}"
     finally:
         if w is not None:
             w.stop()
@@ -494,14 +494,14 @@ def test_emergency_on_a_silent_master_goes_on_after_the_standby_hears_nothing(
     master, standby = roles(pair)
     w = tp.Writer(writer_store, max_seconds=60).start()
     try:
-        assert w.wait_acks(50), f"writer made no progress: {w.errors[-3:]}"
+        assert w.wait_acks(50), f"writer made no progress\n{w.status()}"
         assert master.proc is not None
         os.kill(master.proc.pid, signal.SIGSTOP)
         try:
             assert channel(standby).get("Slave_IO_Running") == "Yes"
             res = promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
             assert w.wait_acks(20), \
-                f"writer did not resume on {standby.address}: {w.errors[-3:]}"
+                f"writer did not resume on {standby.address}\n{w.status()}"
         finally:
             master.kill()  # SIGKILL ends a stopped process too
     finally:

@@ -20,9 +20,11 @@
 from __future__ import annotations
 
 import random
+import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -335,14 +337,42 @@ class Writer:
 
     def wait_acks(self, n: int, timeout: float = 30.0, *, total: bool = False) -> bool:
         """Wait (bounded) for *n* more acknowledged writes (*total*: *n* since the writer
-        started, for a writer of a few writes that may all be done before the call)."""
+        started, for a writer of a few writes that may all be done before the call).
+        False at once when every thread has ended (its time or operation bound)."""
         deadline = time.monotonic() + timeout
         start = 0 if total else len(self.ack_times)
         while len(self.ack_times) < start + n:
-            if time.monotonic() > deadline:
-                return False
+            if time.monotonic() > deadline or not self.running():
+                return len(self.ack_times) >= start + n
             time.sleep(0.01)
         return True
+
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._workers)
+
+    def status(self) -> str:
+        """What a failed wait needs to say: how many threads run, the writes acknowledged
+        and failed, the last errors, how long since the last acknowledgement and the
+        latest latencies, and where each running thread is (its innermost frames)."""
+        now = time.monotonic()
+        with self._lock:
+            acks, errors = len(self.ack_times), list(self.log.errors)
+            last = self.ack_times[-1] if self.ack_times else None
+            recent = [round(d, 3) for _, d, _ in self.log.latencies[-5:]]
+        alive = [t for t in self._workers if t.is_alive()]
+        since = f"{now - last:.1f} s ago" if last is not None else "never"
+        ended = "" if alive else (f" (ended: its {self.seconds:g} s or {self.max_ops} "
+                                  "operations per thread ran out)")
+        lines = [f"writer: {len(alive)}/{len(self._workers)} threads running{ended}, {acks} acks "
+                 f"(last {since}, latest latencies {recent}), {len(errors)} errors "
+                 f"{[e for _, e in errors[-3:]]}"]
+        frames = sys._current_frames()  # noqa: SLF001 - a diagnostic of the test kit
+        for t in alive:
+            frame = frames.get(t.ident or 0)
+            if frame is not None:
+                where = traceback.format_stack(frame)[-4:]
+                lines.append(f"{t.name} at:\n" + "".join(where).rstrip())
+        return "\n".join(lines)
 
     def longest_stall(self, since: float = 0.0) -> float:
         """The longest gap between two acknowledged writes after *since*."""
