@@ -50,13 +50,24 @@ def files_under(path: Path) -> list[Path]:
     return found
 
 
-def hash_files(h: Any, label: str, paths: list[Path], base: Path | None = None) -> None:
+def read_files(paths: list[Path]) -> list[tuple[Path, bytes | None]]:
+    """Each file's bytes, None for one that cannot be read (read once: hashed, and the
+    inventory's variable files parsed, from the same bytes)."""
+    out: list[tuple[Path, bytes | None]] = []
     for p in paths:
-        name = str(p.relative_to(base)) if base is not None else str(p)
         try:
-            data = p.read_bytes()
-        except OSError as e:
-            data = f"<unreadable: {type(e).__name__}>".encode()
+            out.append((p, p.read_bytes()))
+        except OSError:
+            out.append((p, None))
+    return out
+
+
+def hash_files(h: Any, label: str, paths: list[Path], base: Path | None = None,
+               contents: list[tuple[Path, bytes | None]] | None = None) -> None:
+    for p, data in (contents if contents is not None else read_files(paths)):
+        name = str(p.relative_to(base)) if base is not None else str(p)
+        if data is None:
+            data = b"<unreadable>"
         h.update(f"\0{label}\0{name}\0{len(data)}\0".encode())
         h.update(data)
 
@@ -117,7 +128,7 @@ def loaded_inventory(inventory: Any) -> str | None:
     return canonical({"hosts": hosts, "groups": groups})
 
 
-def var_names(files: list[Path], inventory: Any, host: str) -> set[str]:
+def var_names(files: list[tuple[Path, bytes | None]], inventory: Any, host: str) -> set[str]:
     """The names of the inventory's variables: the top-level keys of its group_vars and
     host_vars files, and the host's and its groups' variables in the loaded inventory."""
     class Loader(yaml.SafeLoader):
@@ -125,12 +136,13 @@ def var_names(files: list[Path], inventory: Any, host: str) -> set[str]:
 
     Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
     names: set[str] = set()
-    for f in files:
-        if not any(part in VARS_DIRS for part in f.parts) or f.suffix not in (".yml", ".yaml", ""):
+    for f, raw in files:
+        if raw is None or not any(part in VARS_DIRS for part in f.parts) \
+                or f.suffix not in (".yml", ".yaml", ""):
             continue
         try:
-            data = yaml.load(f.read_text(errors="replace"), Loader=Loader)  # noqa: S506 - safe loader subclass
-        except (OSError, yaml.YAMLError):
+            data = yaml.load(raw.decode(errors="replace"), Loader=Loader)  # noqa: S506 - safe loader subclass
+        except yaml.YAMLError:
             continue  # a vault-encrypted file: its bytes are hashed
         if isinstance(data, dict):
             names.update(str(k) for k in data)
@@ -184,7 +196,8 @@ class ActionModule(ActionBase):
         hash_files(h, "collection", collection_files(), COLLECTION)
         inv_files = inventory_files(list(task_vars.get("ansible_inventory_sources") or []),
                                     task_vars.get("playbook_dir"))
-        hash_files(h, "inventory", inv_files)
+        inv_contents = read_files(inv_files)
+        hash_files(h, "inventory", inv_files, contents=inv_contents)
         # the loaded inventory (HostVars keeps it; an inventory plugin's hosts are there only)
         inventory = getattr(task_vars.get("hostvars"), "_inventory", None)
         loaded = loaded_inventory(inventory)
@@ -193,7 +206,7 @@ class ActionModule(ActionBase):
         # the -e arguments as parsed (an @file's variables), untemplated
         h.update(canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode())
         templated = {}
-        names = var_names(inv_files, inventory, host)
+        names = var_names(inv_contents, inventory, host)
         for name in sorted(inputs_only(dict.fromkeys(names))):
             if name not in task_vars:
                 continue
