@@ -175,3 +175,36 @@ def test_progress_bar_on_a_tty_and_plain_lines_otherwise():
 def test_bad_names_are_refused(store, legacy_server):
     with pytest.raises(MigrationError, match="not valid"):
         Migration(store, legacy_server.connect, "legacy; DROP")
+
+
+def test_the_lock_is_free_as_soon_as_a_migration_closes(store, legacy_server):
+    """close() releases the lock itself: a CI run's rerun, started right after the run
+    before it closed, was refused ("another migration holds the lock") while the server
+    had not yet noticed the closed connection that held it."""
+    name = "shardfleet_migrate.legacy_lock_state"
+    conn = legacy_server.connect()
+    try:
+        held = []
+        for _ in range(200):
+            mig = _migration(store, legacy_server, "legacy_lock")
+            mig.open()
+            mig.close()
+            with conn.cursor() as cur:
+                cur.execute("SELECT IS_FREE_LOCK(%s)", (name,))
+                held.append(cur.fetchone()[0] != 1)
+        assert not any(held), f"the lock was still held after close() {sum(held)} of 200 times"
+    finally:
+        conn.close()
+
+
+def test_a_second_migration_beside_a_running_one_is_refused(store, legacy_server):
+    first = _migration(store, legacy_server, "legacy_lock")
+    first.open()
+    try:
+        with pytest.raises(MigrationError, match="another migration holds the lock"):
+            _migration(store, legacy_server, "legacy_lock").open()
+    finally:
+        first.close()
+    second = _migration(store, legacy_server, "legacy_lock")
+    second.open()  # free again
+    second.close()

@@ -94,6 +94,11 @@ KINDS: tuple[Kind, ...] = (
 MAPPINGS = ("user_has_boards", "board_has_pins", "user_likes_pins", "pin_liked_by_user",
             "user_follows_users")
 
+# Seconds open() waits for the migration lock: long enough for the server to notice that
+# the run before (ended or killed an instant ago) closed its connection, short enough that
+# a migration started beside a running one is refused at once to a person.
+LOCK_WAIT = 5
+
 STATE_DDL = (
     """CREATE TABLE IF NOT EXISTS `{db}`.migrated (
   kind VARCHAR(16) NOT NULL,
@@ -267,13 +272,25 @@ class Migration:
         self._q(f"CREATE DATABASE IF NOT EXISTS `{self.state_db}` CHARACTER SET utf8mb4")
         for ddl in STATE_DDL:
             self._q(ddl.format(db=self.state_db))
-        got = self._q("SELECT GET_LOCK(%s, 0)", (f"shardfleet_migrate.{self.state_db}",))
+        # a few seconds' wait: a run that ended (or was killed) an instant ago holds the lock
+        # until the server has seen its connection close; one still running holds it on
+        got = self._q("SELECT GET_LOCK(%s, %s)", (self._lock_name, LOCK_WAIT))
         if not got or got[0][0] != 1:
             raise MigrationError(f"another migration holds the lock on {self.state_db}")
         self._load_idmap()
 
+    @property
+    def _lock_name(self) -> str:
+        return f"shardfleet_migrate.{self.state_db}"
+
     def close(self) -> None:
+        """Release the lock (at once, not when the server sees the connection close) and
+        close the state connection."""
         if self._conn is not None and self._conn.open:
+            try:
+                self._q("SELECT RELEASE_LOCK(%s)", (self._lock_name,))
+            except pymysql.MySQLError:
+                pass  # a connection already lost: the server frees its locks itself
             self._conn.close()
         self._conn = None
 
