@@ -28,6 +28,7 @@ of this simulation pessimistic. Both are printed per step.
 
     .venv/bin/python bench/site_scale.py                  # 2 and 16 pairs (about 45 min on 2 cores)
     .venv/bin/python bench/site_scale.py --pairs 2,4      # other sizes
+    .venv/bin/python bench/site_scale.py --reruns-only    # fresh site.yml and fast reruns
     .venv/bin/python bench/site_scale.py --keep           # leave the last fleet running
 
 Needs the image (make image) and the venv. Logs stay in .cache/bench/scale-<N>/.
@@ -262,7 +263,7 @@ def _under_writer(f: Fleet, shards: list[int], watched: set[int], playbook: str,
     return note
 
 
-def run(pairs: int, keep: bool) -> Fleet:
+def run(pairs: int, keep: bool, reruns_only: bool = False) -> Fleet:
     f = _fleet(pairs)
     print(f"== {pairs} pairs ({2 * pairs} MariaDB + 3 ZooKeeper, Redis, memcached)", flush=True)
     try:
@@ -271,8 +272,9 @@ def run(pairs: int, keep: bool) -> Fleet:
         f.play("fleet-up.yml")
         f.play("site.yml", label="site-fresh")
         # every task checked on every host (the drift check), then the converged fast path
-        for label, args in (("site-rerun-full", ("-e", "shardfleet_converged_fast_path=false")),
-                            ("site-rerun", ())):
+        reruns = (("site-rerun-full", ("-e", "shardfleet_converged_fast_path=false")),
+                  ("site-rerun", ()))
+        for label, args in reruns[1:] if reruns_only else reruns:
             out = f.play("site.yml", *args, label=label)
             changed, hosts = _recap_changed(out)
             f.steps[-1].note = f"changed={changed} over {hosts} hosts"
@@ -283,6 +285,8 @@ def run(pairs: int, keep: bool) -> Fleet:
         changed, hosts = _recap_changed(out)
         f.steps[-1].note = f"--forks {2 * pairs + 5}: changed={changed} over {hosts} hosts"
         f.memory_mib = _memory(f)
+        if reruns_only:
+            return f
         f.play("fleet-status.yml")
 
         new = f"pair{pairs + 1:03d}"
@@ -350,13 +354,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", default="2,16", help="fleet sizes, comma-separated (2,16)")
     ap.add_argument("--keep", action="store_true", help="leave the last fleet running")
+    ap.add_argument("--reruns-only", action="store_true",
+                    help="the first site.yml and the fast-path reruns only (no drift check, "
+                         "status, add, split or promotion): about 20 min for 2 and 16 pairs")
     args = ap.parse_args()
     sizes = [int(x) for x in args.pairs.split(",")]
     if shutil.which("podman") is None:
         raise SystemExit("podman is missing: run `make host-deps`")
     fleets = []
     for i, n in enumerate(sizes):  # each size's numbers as soon as it is done
-        fleets.append(run(n, args.keep and i == len(sizes) - 1))
+        fleets.append(run(n, args.keep and i == len(sizes) - 1, args.reruns_only))
         report(fleets[-1:])
     if len(fleets) > 1:
         report(fleets)

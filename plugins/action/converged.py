@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml  # Ansible's own dependency
 from ansible import context
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 
@@ -157,12 +158,15 @@ def var_names(files: list[tuple[Path, bytes | None]], inventory: Any, host: str)
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("name", "state", "digest", "enabled", "services", "paths",
-                             "inputs", "max_age", "path"))
+                             "inputs", "max_age", "path", "keeper", "host", "address",
+                             "ports"))
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
+        keeper = boolean(args.get("keeper", False), strict=False)
+        host = str(task_vars.get("inventory_hostname", ""))
         if args.get("state", "check") == "present":
             narrowed = self._narrowed()
             if narrowed:
@@ -171,13 +175,24 @@ class ActionModule(ActionBase):
                               msg=f"no stamp: the run is narrowed by {narrowed}, "
                                   "so the host is not known converged")
                 return result
+        elif keeper:
+            # run once for the play: every play host's digest, compared on the keeper
+            common = self._common(args, task_vars)
+            hostvars = task_vars.get("hostvars")
+            args["hosts"] = {h: self._digest(common, args, h, hostvars[h], task_vars)
+                             for h in task_vars.get("ansible_play_hosts") or [host]}
         else:
-            args["digest"] = self._digest(args, task_vars)
+            args["digest"] = self._digest(self._common(args, task_vars), args, host,
+                                          task_vars, task_vars)
         # paths and inputs are the digest's, on the control node: not shipped to the host
         args.pop("paths", None)
         args.pop("inputs", None)
         result.update(self._execute_module(module_name=MODULE, module_args=args,
                                            task_vars=task_vars))
+        if args.get("state", "check") == "check" and not keeper and "digest" in result:
+            # the same answer as a keeper's, for the play's consumers
+            result["converged_hosts"] = [host] if result.get("converged") else []
+            result["digests"] = {host: result["digest"]}
         return result
 
     @staticmethod
@@ -188,10 +203,12 @@ class ActionModule(ActionBase):
                  ("--start-at-task", cli.get("start_at_task")), ("--step", cli.get("step")))
         return ", ".join(flag for flag, value in parts if value)
 
-    def _digest(self, args: dict, task_vars: dict) -> str:
+    def _common(self, args: dict, task_vars: dict) -> dict:
+        """What every host's digest shares: the collection's and the inventory's files,
+        the loaded inventory, the -e arguments, the play's paths and inputs (hashed once
+        however many hosts the digests are for)."""
         h = hashlib.sha256(b"shardfleet converged 1")
-        host = str(task_vars.get("inventory_hostname", ""))
-        h.update(canonical([str(args.get("name")), host,
+        h.update(canonical([str(args.get("name")),
                             str(task_vars.get("ansible_version", {}).get("full", ""))]).encode())
         hash_files(h, "collection", collection_files(), COLLECTION)
         inv_files = inventory_files(list(task_vars.get("ansible_inventory_sources") or []),
@@ -205,16 +222,26 @@ class ActionModule(ActionBase):
         h.update((loaded if loaded is not None else secrets.token_hex(16)).encode())
         # the -e arguments as parsed (an @file's variables), untemplated
         h.update(canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode())
+        hash_files(h, "paths", [Path(p) for p in args.get("paths") or []])
+        h.update(canonical(args.get("inputs")).encode())
+        return {"digest": h.hexdigest(), "files": inv_contents, "inventory": inventory}
+
+    def _digest(self, common: dict, args: dict, host: str, host_vars: Any,
+                task_vars: dict) -> str:
+        """*host*'s digest: the common part and the host's inventory variables as templated
+        now (*host_vars*: this task's variables, or ``hostvars[host]`` for another host)."""
+        h = hashlib.sha256(common["digest"].encode())
+        h.update(canonical([host]).encode())
         templated = {}
-        names = var_names(inv_contents, inventory, host)
+        names = var_names(common["files"], common["inventory"], host)
         for name in sorted(inputs_only(dict.fromkeys(names))):
-            if name not in task_vars:
+            if name not in host_vars:
                 continue
             try:
-                templated[name] = self._templar.template(task_vars[name])
+                value = host_vars[name]
+                templated[name] = self._templar.template(value) if host_vars is task_vars \
+                    else value  # hostvars template on access
             except Exception as e:  # noqa: BLE001 - undefined before facts: the same answer each run
                 templated[name] = f"<{type(e).__name__}>"
         h.update(canonical(templated).encode())
-        hash_files(h, "paths", [Path(p) for p in args.get("paths") or []])
-        h.update(canonical(args.get("inputs")).encode())
         return h.hexdigest()

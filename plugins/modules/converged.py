@@ -72,9 +72,40 @@ options:
     type: int
     default: 86400
   path:
-    description: The directory of the stamps on the host.
+    description: The directory of the stamps on the host (on the keeper, see O(keeper)).
     type: path
     default: /var/lib/shardfleet/converged
+  keeper:
+    description:
+      - The fleet's stamps are kept on one host, the one the task runs on
+        (C(shardfleet_converged_keeper); the task is delegated to it), instead of each
+        host keeping its own. O(state=check) runs once for the play
+        (C(run_once)). The action plugin computes every play host's digest, and the
+        keeper compares each host's stamp (C(<path>/hosts/<host>/<name>.json)) and
+        probes the ports it names on the address it names, so no host is asked one by
+        one. A host that fails any of it loses all its stamps (it may have been
+        rebuilt), not only this play's.
+      - O(state=present) writes O(host)'s stamp on the keeper, with O(address) and
+        O(ports) in place of O(services).
+    type: bool
+    default: false
+  host:
+    description: For O(keeper) and O(state=present), the inventory name the stamp is for.
+    type: str
+  address:
+    description: For O(keeper) and O(state=present), the host's fleet address the probes use.
+    type: str
+  ports:
+    description:
+      - For O(keeper) and O(state=present), the TCP ports the play left listening on
+        O(address); a later check wants each of them to accept a connection from the
+        keeper.
+    type: list
+    elements: int
+    default: []
+  hosts:
+    description: For O(keeper) and O(state=check), set by the action plugin (each host's digest).
+    type: dict
 attributes:
   action:
     support: full
@@ -122,6 +153,22 @@ written:
   description: Whether O(state=present) wrote the stamp.
   type: bool
   returned: always
+converged_hosts:
+  description:
+    - The hosts known converged (O(state=check)); the play's consumers test
+      C(inventory_hostname in converged.converged_hosts), the same with or without
+      O(keeper).
+  type: list
+  elements: str
+  returned: always
+digests:
+  description: Each checked host's digest (O(state=check)), by inventory name.
+  type: dict
+  returned: always
+reasons:
+  description: Why each host that is not converged is not (O(keeper), O(state=check)).
+  type: dict
+  returned: when O(keeper)
 """
 
 import json
@@ -186,6 +233,92 @@ def mismatch(stamp, digest, address, max_age, now):
     return ""
 
 
+def closed_ports(address, ports, timeout=2.0):
+    """The ``ports`` of ``address`` that refuse or do not answer a TCP connection (probed
+    at once, each bounded by ``timeout``)."""
+    import concurrent.futures
+
+    def closed(port):
+        try:
+            with socket.create_connection((address, int(port)), timeout=timeout):
+                return False
+        except (OSError, ValueError):
+            return True
+
+    if not ports:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(ports))) as pool:
+        return [p for p, c in zip(ports, pool.map(closed, ports), strict=True) if c]
+
+
+def keeper_mismatch(stamp, digest, max_age, now):
+    """Why a kept ``stamp`` does not show its host converged with ``digest`` (empty: it
+    does, once its ports answer)."""
+    if stamp is None:
+        return "no stamp"
+    if stamp.get("digest") != digest:
+        return "inputs changed"
+    age = now - float(stamp.get("time", 0))
+    if max_age and not 0 <= age <= max_age:
+        return f"stamp is {age:.0f} s old (max_age {max_age})"
+    if not stamp.get("address"):
+        return "the stamp names no address"
+    return ""
+
+
+def remove_host_stamps(directory):
+    """Every stamp a host has on the keeper: a host that fails one check may have been
+    rebuilt, so none of its plays is taken as done."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        if n.endswith(".json"):
+            try:
+                os.unlink(os.path.join(directory, n))
+            except OSError:
+                pass
+
+
+def keeper_check(module, p):
+    """The play's hosts at once, on the keeper: each stamp, then the ports of those whose
+    stamps match, probed together."""
+    hosts = p["hosts"] or {}
+    now = time.time()
+    reasons, stamps = {}, {}
+    for host, digest in sorted(hosts.items()):
+        if not NAME.match(host.lower()) or "/" in host:
+            module.fail_json(msg=f"host {host!r}: not a name a stamp can be kept under")
+        stamp = read_stamp(os.path.join(p["path"], "hosts", host, p["name"] + ".json"))
+        reasons[host] = "disabled (enabled=false)" if not p["enabled"] else \
+            keeper_mismatch(stamp, digest, p["max_age"], now)
+        stamps[host] = stamp
+    import concurrent.futures
+    probed = [h for h in sorted(hosts) if not reasons[h]]
+    if probed:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(probed))) as pool:
+            closed = dict(zip(probed, pool.map(
+                lambda h: closed_ports(stamps[h]["address"], stamps[h].get("ports") or []),
+                probed), strict=True))
+        for h in probed:
+            if closed[h]:
+                reasons[h] = (f"not listening on {stamps[h]['address']}: port "
+                              + ", ".join(str(x) for x in closed[h]))
+    if not module.check_mode:
+        for h, reason in reasons.items():
+            if reason and reason != "disabled (enabled=false)":
+                remove_host_stamps(os.path.join(p["path"], "hosts", h))
+            elif reason:  # the drift check: this play's stamp only, as without a keeper
+                path = os.path.join(p["path"], "hosts", h, p["name"] + ".json")
+                if os.path.lexists(path):
+                    os.unlink(path)
+    ok = sorted(h for h, r in reasons.items() if not r)
+    module.exit_json(changed=False, converged=False, digest="", reason="", written=False,
+                     converged_hosts=ok, digests=dict(hosts),
+                     reasons={h: r for h, r in reasons.items() if r})
+
+
 def write_stamp(path, stamp):
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -214,6 +347,11 @@ def main():
             inputs=dict(type="raw"),
             max_age=dict(type="int", default=86400),
             path=dict(type="path", default="/var/lib/shardfleet/converged"),
+            keeper=dict(type="bool", default=False),
+            host=dict(type="str"),
+            address=dict(type="str"),
+            ports=dict(type="list", elements="int", default=[]),
+            hosts=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
@@ -221,15 +359,26 @@ def main():
     if not NAME.match(p["name"]):
         module.fail_json(msg=f"name {p['name']!r}: lowercase letters, digits, "
                              "'.', '_' and '-' only")
+    if p["keeper"] and p["state"] == "check":
+        keeper_check(module, p)
     if not p["digest"]:
         module.fail_json(msg="digest is missing: the action plugin computes it for state=check, "
                              "and state=present takes the check's returned digest")
     stamp_path = os.path.join(p["path"], p["name"] + ".json")
     result = dict(changed=False, converged=False, digest=p["digest"], reason="", written=False)
     if p["state"] == "present":
+        if p["keeper"]:
+            if not p["host"] or not NAME.match(p["host"].lower()) or not p["address"]:
+                module.fail_json(msg="keeper=true and state=present take the stamp's host "
+                                     "(an inventory name) and its address")
+            stamp_path = os.path.join(p["path"], "hosts", p["host"], p["name"] + ".json")
+            stamp = dict(digest=p["digest"], time=time.time(), address=p["address"],
+                         ports=p["ports"])
+        else:
+            stamp = dict(digest=p["digest"], time=time.time(), address=host_address(),
+                         services=p["services"])
         if not module.check_mode:
-            write_stamp(stamp_path, dict(digest=p["digest"], time=time.time(),
-                                         address=host_address(), services=p["services"]))
+            write_stamp(stamp_path, stamp)
             result["written"] = True
         module.exit_json(**result)
 
@@ -239,7 +388,7 @@ def main():
     result.update(converged=not reason, reason=reason)
     if reason and os.path.lexists(stamp_path) and not module.check_mode:
         os.unlink(stamp_path)  # a run that stops half-way leaves no stamp behind
-    module.exit_json(**result)
+    module.exit_json(**result)  # the action adds converged_hosts and digests
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ def test_rerun_changes_nothing(fleet: Fleet) -> None:
 
 # On the converged fast path a host runs its plays' stamp checks and nothing else: a
 # service host one per play, a MariaDB host its checks, the library's, the map read and
-# the node's role (facts set on the control node).
+# the node's role (facts set on the control node). With the local fleet's keeper a play's
+# check runs once, so most hosts run none.
 FAST_PATH_TASKS = {"mysql": 16, "zookeeper": 2, "redis": 2, "memcached": 2, "monitoring": 2}
 
 
@@ -73,7 +74,8 @@ def test_converged_rerun_takes_the_fast_path(fleet: Fleet) -> None:
     assert run.rc == 0, f"site.yml fast rerun failed:\n{run.output[-4000:]}"
     recap = run.recap()
     for host, vals in fleet.hosts.items():
-        c = recap[host]
+        # a host that ran no task at all (its plays checked on the keeper) has no recap line
+        c = recap.get(host, {"ok": 0, "changed": 0, "skipped": 0})
         assert c["changed"] == 0, (host, c)
         assert c["ok"] + c["skipped"] <= FAST_PATH_TASKS[vals["group"]], (
             f"{host} ran {c['ok']} tasks and skipped {c['skipped']} on a converged fleet: "

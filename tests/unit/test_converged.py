@@ -196,3 +196,175 @@ def test_the_drift_check_stamps_what_the_next_fast_run_accepts(env: Env) -> None
     full = env.run("-e", "shardfleet_converged_fast_path=false")
     assert full["check"]["converged"] is False and full["stamp"]["written"] is True
     assert env.check(SF_STAMP="0")["converged"] is True
+
+
+# -- a keeper (shardfleet_converged_keeper): one host keeps every host's stamps ------------
+# The play is site.yml's own task files: the check once for the play on the keeper, the
+# ports each host's stamp names probed from there, meta end_host for the converged hosts.
+
+KEEPER_PLAY = """
+- hosts: fleet
+  gather_facts: false
+  tasks:
+    - name: Check
+      ansible.builtin.import_tasks: {root}/playbooks/tasks/converged-check.yml
+      vars:
+        converged_name: play
+        converged_gather_facts: false
+    - name: work
+      ansible.builtin.debug:
+        msg: the play's full path
+    - name: Stamp
+      ansible.builtin.import_tasks: {root}/playbooks/tasks/converged-stamp.yml
+      vars:
+        converged_name: play
+"""
+
+
+class KeeperEnv:
+    """Hosts h1, h2 and the keeper k (all local connection); each host's service is a
+    listening socket of this test, named in the inventory as the host's converged_ports."""
+
+    def __init__(self, tmp: Path) -> None:
+        import socket
+
+        self.tmp = tmp
+        self.listeners = {}
+        for h in ("h1", "h2"):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(16)
+            self.listeners[h] = s
+        self.stamps = tmp / "stamps"
+        self.inventory = tmp / "inventory"
+        (self.inventory / "group_vars" / "all").mkdir(parents=True)
+        self.keeper_vars = {"shardfleet_converged_keeper": "k"}
+        self.write_inventory()
+        (self.inventory / "group_vars" / "all" / "main.yml").write_text(
+            f"shardfleet_converged_path: {self.stamps}\n"
+            f"shardfleet_address: 127.0.0.1\n"
+            "setting: \"{{ lookup('ansible.builtin.env', 'SF_TEST_VALUE') }}\"\n")
+        self.playbook = tmp / "play.yml"
+        self.playbook.write_text(KEEPER_PLAY.format(root=ROOT))
+        self.env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                        ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json",
+                        SF_TEST_VALUE="one")
+
+    def write_inventory(self, keeper: dict | None = None, own_paths: bool = False) -> None:
+        """*own_paths*: each host its own stamp directory (h1 and h2 are one machine here)."""
+        import yaml
+
+        hosts = {h: {"ansible_connection": "local",
+                     "converged_ports": [s.getsockname()[1]],
+                     "setting_of_h": f"{h}-1"} for h, s in self.listeners.items()}
+        for h in hosts if own_paths else ():
+            hosts[h]["shardfleet_converged_path"] = str(self.stamps / "own" / h)
+        inv = {"all": {"vars": self.keeper_vars,
+                       "hosts": {"k": keeper or {"ansible_connection": "local"}},
+                       "children": {"fleet": {"hosts": hosts}}}}
+        (self.inventory / "hosts.yml").write_text(yaml.safe_dump(inv))
+
+    def close(self, host: str) -> None:
+        self.listeners[host].close()
+
+    def kept(self, host: str) -> Path:
+        return self.stamps / "hosts" / host / "play.json"
+
+    def run(self, *args: str, **env: str) -> dict[str, dict[str, dict]]:
+        p = subprocess.run(
+            [str(PLAYBOOK_BIN), "-i", str(self.inventory),
+             "-e", f"ansible_python_interpreter={sys.executable}", str(self.playbook), *args],
+            capture_output=True, text=True, env=dict(self.env, **env), cwd=ROOT, timeout=300,
+            check=False)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        out = json.loads(p.stdout)
+        tasks = out["plays"][0]["tasks"]
+        return {t["task"]["name"]: t["hosts"] for t in tasks}
+
+    @staticmethod
+    def worked(res: dict[str, dict[str, dict]]) -> set[str]:
+        return set(res.get("work", {}))
+
+
+@pytest.fixture()
+def kenv(tmp_path: Path):
+    e = KeeperEnv(tmp_path)
+    yield e
+    for s in e.listeners.values():
+        s.close()
+
+
+def check_of(res: dict[str, dict[str, dict]]) -> dict:
+    """The check's result (run once: under the play's first host)."""
+    (r,) = [v for k, v in res.items() if k.startswith("Compare")][0].values()
+    return r
+
+
+def test_a_keeper_checks_the_whole_play_at_once_and_ends_the_converged_hosts(kenv) -> None:
+    first = kenv.run()
+    assert kenv.worked(first) == {"h1", "h2"}
+    c = check_of(first)
+    assert c["converged_hosts"] == [] and set(c["reasons"]) == {"h1", "h2"}, c
+    for h in ("h1", "h2"):
+        kept = json.loads(kenv.kept(h).read_text())
+        assert kept["address"] == "127.0.0.1"
+        assert kept["ports"] == [kenv.listeners[h].getsockname()[1]], kept
+    assert not (kenv.stamps / "play.json").exists(), "a stamp of the keeper's own kind"
+    second = kenv.run()
+    assert kenv.worked(second) == set(), "converged hosts ran the play's full path"
+    assert check_of(second)["converged_hosts"] == ["h1", "h2"]
+    # an input of one host: that host only
+    kenv.write_inventory()
+    third = kenv.run(SF_TEST_VALUE="two")
+    assert kenv.worked(third) == {"h1", "h2"}, "an input every host reads changed"
+    assert kenv.worked(kenv.run(SF_TEST_VALUE="two")) == set()
+
+
+def test_a_host_whose_port_is_closed_runs_in_full_and_loses_every_stamp(kenv) -> None:
+    kenv.run()
+    other = kenv.stamps / "hosts" / "h2" / "other-play.json"
+    other.write_text(kenv.kept("h2").read_text())
+    kenv.close("h2")
+    res = kenv.run()
+    assert kenv.worked(res) == {"h2"}, res.get("work")
+    reason = check_of(res)["reasons"]["h2"]
+    assert reason.startswith("not listening on 127.0.0.1: port "), reason
+    assert not other.exists(), "a host that failed its check kept another play's stamp"
+    # it stamped again at the end of its full run; its port is still closed: full again
+    assert kenv.worked(kenv.run()) == {"h2"}
+
+
+def test_an_unreachable_keeper_fails_no_run_and_leaves_every_host_on_the_full_path(kenv) -> None:
+    kenv.run()
+    kenv.write_inventory(keeper={"ansible_connection": "ssh", "ansible_host": "127.0.0.1",
+                                 "ansible_port": 1, "ansible_ssh_timeout": 3})
+    res = kenv.run()
+    assert kenv.worked(res) == {"h1", "h2"}
+    kenv.write_inventory()
+    assert kenv.worked(kenv.run()) == set(), "the stamps of the earlier run are still good"
+
+
+def test_with_a_keeper_the_drift_check_runs_in_full_and_narrowed_runs_write_no_stamp(kenv) -> None:
+    kenv.run()
+    res = kenv.run("-e", "shardfleet_converged_fast_path=false")
+    assert kenv.worked(res) == {"h1", "h2"}
+    assert kenv.worked(kenv.run()) == set(), "the drift check's stamps are not accepted"
+    for h in ("h1", "h2"):
+        kenv.kept(h).unlink()
+    kenv.run("--tags", "always")
+    assert not kenv.kept("h1").exists() and not kenv.kept("h2").exists()
+
+
+def test_an_empty_keeper_means_each_host_keeps_its_own_stamps(kenv) -> None:
+    kenv.write_inventory(own_paths=True)
+    kenv.run("-e", "shardfleet_converged_keeper=")
+    assert not (kenv.stamps / "hosts").exists(), "stamps went to a keeper"
+    for h in ("h1", "h2"):
+        assert (kenv.stamps / "own" / h / "play.json").exists(), f"no stamp of {h}'s own"
+    res = kenv.run("-e", "shardfleet_converged_keeper=")
+    assert kenv.worked(res) == set()
+    assert set(check_of_each(res)) == {"h1", "h2"}, "the check did not run on each host"
+
+
+def check_of_each(res: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    return [v for k, v in res.items() if k.startswith("Compare")][0]
