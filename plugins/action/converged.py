@@ -206,25 +206,39 @@ class ActionModule(ActionBase):
     def _common(self, args: dict, task_vars: dict) -> dict:
         """What every host's digest shares: the collection's and the inventory's files,
         the loaded inventory, the -e arguments, the play's paths and inputs (hashed once
-        however many hosts the digests are for)."""
-        h = hashlib.sha256(b"shardfleet converged 1")
-        h.update(canonical([str(args.get("name")),
-                            str(task_vars.get("ansible_version", {}).get("full", ""))]).encode())
-        hash_files(h, "collection", collection_files(), COLLECTION)
+        however many hosts the digests are for), each part's own digest kept for
+        SHARDFLEET_CONVERGED_DEBUG."""
+        parts: dict[str, str] = {}
+
+        def part(label: str, feed: Any) -> None:
+            p = hashlib.sha256()
+            feed(p)
+            parts[label] = p.hexdigest()
+
+        part("name", lambda p: p.update(canonical([
+            str(args.get("name")),
+            str(task_vars.get("ansible_version", {}).get("full", ""))]).encode()))
+        part("collection", lambda p: hash_files(p, "collection", collection_files(), COLLECTION))
         inv_files = inventory_files(list(task_vars.get("ansible_inventory_sources") or []),
                                     task_vars.get("playbook_dir"))
         inv_contents = read_files(inv_files)
-        hash_files(h, "inventory", inv_files, contents=inv_contents)
+        part("inventory_files",
+             lambda p: hash_files(p, "inventory", inv_files, contents=inv_contents))
         # the loaded inventory (HostVars keeps it; an inventory plugin's hosts are there only)
         inventory = getattr(task_vars.get("hostvars"), "_inventory", None)
         loaded = loaded_inventory(inventory)
         # an inventory this cannot read is never known converged
-        h.update((loaded if loaded is not None else secrets.token_hex(16)).encode())
+        part("loaded_inventory", lambda p: p.update(
+            (loaded if loaded is not None else secrets.token_hex(16)).encode()))
         # the -e arguments as parsed (an @file's variables), untemplated
-        h.update(canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode())
-        hash_files(h, "paths", [Path(p) for p in args.get("paths") or []])
-        h.update(canonical(args.get("inputs")).encode())
-        return {"digest": h.hexdigest(), "files": inv_contents, "inventory": inventory}
+        part("extra_vars", lambda p: p.update(
+            canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode()))
+        part("paths", lambda p: hash_files(p, "paths", [Path(x) for x in args.get("paths") or []]))
+        part("inputs", lambda p: p.update(canonical(args.get("inputs")).encode()))
+        h = hashlib.sha256(b"shardfleet converged 2")
+        h.update(canonical(parts).encode())
+        return {"digest": h.hexdigest(), "files": inv_contents, "inventory": inventory,
+                "parts": parts}
 
     def _digest(self, common: dict, args: dict, host: str, host_vars: Any,
                 task_vars: dict) -> str:
@@ -244,4 +258,13 @@ class ActionModule(ActionBase):
             except Exception as e:  # noqa: BLE001 - undefined before facts: the same answer each run
                 templated[name] = f"<{type(e).__name__}>"
         h.update(canonical(templated).encode())
-        return h.hexdigest()
+        digest = h.hexdigest()
+        debug = os.environ.get("SHARDFLEET_CONVERGED_DEBUG")
+        if debug:  # why a host took the full path: each part's digest, never a value
+            line = {"name": str(args.get("name")), "host": host, "digest": digest,
+                    "parts": common["parts"],
+                    "vars": {k: hashlib.sha256(canonical(v).encode()).hexdigest()[:16]
+                             for k, v in templated.items()}}
+            with open(debug, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+        return digest

@@ -83,8 +83,8 @@ options:
         (C(run_once)). The action plugin computes every play host's digest, and the
         keeper compares each host's stamp (C(<path>/hosts/<host>/<name>.json)) and
         probes the ports it names on the address it names, so no host is asked one by
-        one. A host that fails any of it loses all its stamps (it may have been
-        rebuilt), not only this play's.
+        one. A host whose stamp does not match loses the play's stamp; one whose ports
+        do not answer loses all its stamps (it may have been rebuilt).
       - O(state=present) writes O(host)'s stamp on the keeper, with O(address) and
         O(ports) in place of O(services).
     type: bool
@@ -171,6 +171,7 @@ reasons:
   returned: when O(keeper)
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -216,8 +217,8 @@ def read_stamp(path):
     return stamp if isinstance(stamp, dict) else None
 
 
-def mismatch(stamp, digest, address, max_age, now):
-    """Why ``stamp`` does not show a host converged with ``digest`` (empty: it does)."""
+def stale(stamp, digest, max_age, now):
+    """Why ``stamp`` is not one of ``digest`` young enough (empty: it is)."""
     if stamp is None:
         return "no stamp"
     if stamp.get("digest") != digest:
@@ -225,6 +226,14 @@ def mismatch(stamp, digest, address, max_age, now):
     age = now - float(stamp.get("time", 0))
     if max_age and not 0 <= age <= max_age:
         return f"stamp is {age:.0f} s old (max_age {max_age})"
+    return ""
+
+
+def mismatch(stamp, digest, address, max_age, now):
+    """Why ``stamp`` does not show a host converged with ``digest`` (empty: it does)."""
+    reason = stale(stamp, digest, max_age, now)
+    if reason:
+        return reason
     if stamp.get("address", "") != address:
         return f"address changed from {stamp.get('address') or 'none'} to {address or 'none'}"
     down = inactive([str(s) for s in stamp.get("services") or []])
@@ -236,8 +245,6 @@ def mismatch(stamp, digest, address, max_age, now):
 def closed_ports(address, ports, timeout=2.0):
     """The ``ports`` of ``address`` that refuse or do not answer a TCP connection (probed
     at once, each bounded by ``timeout``)."""
-    import concurrent.futures
-
     def closed(port):
         try:
             with socket.create_connection((address, int(port)), timeout=timeout):
@@ -254,13 +261,9 @@ def closed_ports(address, ports, timeout=2.0):
 def keeper_mismatch(stamp, digest, max_age, now):
     """Why a kept ``stamp`` does not show its host converged with ``digest`` (empty: it
     does, once its ports answer)."""
-    if stamp is None:
-        return "no stamp"
-    if stamp.get("digest") != digest:
-        return "inputs changed"
-    age = now - float(stamp.get("time", 0))
-    if max_age and not 0 <= age <= max_age:
-        return f"stamp is {age:.0f} s old (max_age {max_age})"
+    reason = stale(stamp, digest, max_age, now)
+    if reason:
+        return reason
     if not stamp.get("address"):
         return "the stamp names no address"
     return ""
@@ -294,8 +297,8 @@ def keeper_check(module, p):
         reasons[host] = "disabled (enabled=false)" if not p["enabled"] else \
             keeper_mismatch(stamp, digest, p["max_age"], now)
         stamps[host] = stamp
-    import concurrent.futures
     probed = [h for h in sorted(hosts) if not reasons[h]]
+    down = set()
     if probed:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(probed))) as pool:
             closed = dict(zip(probed, pool.map(
@@ -303,13 +306,14 @@ def keeper_check(module, p):
                 probed), strict=True))
         for h in probed:
             if closed[h]:
+                down.add(h)
                 reasons[h] = (f"not listening on {stamps[h]['address']}: port "
                               + ", ".join(str(x) for x in closed[h]))
     if not module.check_mode:
         for h, reason in reasons.items():
-            if reason and reason != "disabled (enabled=false)":
+            if h in down:  # a service down, the host perhaps rebuilt: none of its plays holds
                 remove_host_stamps(os.path.join(p["path"], "hosts", h))
-            elif reason:  # the drift check: this play's stamp only, as without a keeper
+            elif reason:  # this play's stamp only: the earlier plays' of this run stay good
                 path = os.path.join(p["path"], "hosts", h, p["name"] + ".json")
                 if os.path.lexists(path):
                     os.unlink(path)

@@ -66,6 +66,16 @@ exit $rc
 """
 
 
+def play_tasks(inventory: Path, playbook: Path, env: dict, args: tuple[str, ...]) -> list[dict]:
+    """ansible-playbook's tasks (the json callback) of the one play, which must succeed."""
+    p = subprocess.run(
+        [str(PLAYBOOK_BIN), "-i", str(inventory),
+         "-e", f"ansible_python_interpreter={sys.executable}", str(playbook), *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(p.stdout)["plays"][0]["tasks"]
+
+
 class Env:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -96,13 +106,7 @@ class Env:
         return self.tmp / "stamps" / "play.json"
 
     def run(self, *args: str, **env: str) -> dict[str, dict]:
-        p = subprocess.run(
-            [str(PLAYBOOK_BIN), "-i", str(self.inventory),
-             "-e", f"ansible_python_interpreter={sys.executable}", str(self.playbook), *args],
-            capture_output=True, text=True, env=dict(self.env, **env), cwd=ROOT, timeout=300,
-            check=False)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        tasks = json.loads(p.stdout)["plays"][0]["tasks"]
+        tasks = play_tasks(self.inventory, self.playbook, dict(self.env, **env), args)
         return {t["task"]["name"]: t["hosts"]["h1"] for t in tasks}
 
     def check(self, *args: str, **env: str) -> dict:
@@ -221,6 +225,9 @@ KEEPER_PLAY = """
 """
 
 
+TWO_PLAYS = KEEPER_PLAY + KEEPER_PLAY.replace("converged_name: play", "converged_name: second")
+
+
 class KeeperEnv:
     """Hosts h1, h2 and the keeper k (all local connection); each host's service is a
     listening socket of this test, named in the inventory as the host's converged_ports."""
@@ -267,19 +274,26 @@ class KeeperEnv:
     def close(self, host: str) -> None:
         self.listeners[host].close()
 
+    def two_plays(self) -> None:
+        """site.yml's shape: plays one after another, each with its own stamp."""
+        self.playbook.write_text(TWO_PLAYS.format(root=ROOT))
+
     def kept(self, host: str) -> Path:
         return self.stamps / "hosts" / host / "play.json"
 
     def run(self, *args: str, **env: str) -> dict[str, dict[str, dict]]:
+        tasks = play_tasks(self.inventory, self.playbook, dict(self.env, **env), args)
+        return {t["task"]["name"]: t["hosts"] for t in tasks}
+
+    def run_plays(self, *args: str) -> list[set[str]]:
+        """The hosts that ran each play's full path."""
         p = subprocess.run(
             [str(PLAYBOOK_BIN), "-i", str(self.inventory),
              "-e", f"ansible_python_interpreter={sys.executable}", str(self.playbook), *args],
-            capture_output=True, text=True, env=dict(self.env, **env), cwd=ROOT, timeout=300,
-            check=False)
+            capture_output=True, text=True, env=self.env, cwd=ROOT, timeout=300, check=False)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        out = json.loads(p.stdout)
-        tasks = out["plays"][0]["tasks"]
-        return {t["task"]["name"]: t["hosts"] for t in tasks}
+        return [set(next((t["hosts"] for t in play["tasks"] if t["task"]["name"] == "work"),
+                         {})) for play in json.loads(p.stdout)["plays"]]
 
     @staticmethod
     def worked(res: dict[str, dict[str, dict]]) -> set[str]:
@@ -368,3 +382,34 @@ def test_an_empty_keeper_means_each_host_keeps_its_own_stamps(kenv) -> None:
 
 def check_of_each(res: dict[str, dict[str, dict]]) -> dict[str, dict]:
     return [v for k, v in res.items() if k.startswith("Compare")][0]
+
+
+def test_a_first_run_leaves_every_play_s_stamp_and_the_next_run_is_fast(kenv) -> None:
+    """The first run of a fleet (no stamps at all) must leave a stamp per play: a later
+    play's check finding no stamp of its own once removed the stamps the earlier plays
+    had just written, so every run of a bench fleet took the full path."""
+    kenv.two_plays()
+    assert kenv.run_plays() == [{"h1", "h2"}, {"h1", "h2"}]
+    for h in ("h1", "h2"):
+        assert kenv.kept(h).exists() and (kenv.kept(h).parent / "second.json").exists(), h
+    assert kenv.run_plays() == [set(), set()], "the run after the first took the full path"
+    # a closed port in the second play: that host's stamps all go, the next run is full
+    # for it in both plays and fast for the other
+    kenv.close("h2")
+    assert kenv.run_plays() == [{"h2"}, {"h2"}]
+
+
+def test_the_debug_file_names_each_part_and_variable_never_a_value(kenv, tmp_path) -> None:
+    dbg = tmp_path / "digests.jsonl"
+    kenv.run(SHARDFLEET_CONVERGED_DEBUG=str(dbg))
+    kenv.run(SHARDFLEET_CONVERGED_DEBUG=str(dbg), SF_TEST_VALUE="two")
+    lines = [json.loads(x) for x in dbg.read_text().splitlines()]
+    first = {x["host"]: x for x in lines[:2]}
+    second = {x["host"]: x for x in lines[2:4]}
+    assert set(first) == set(second) == {"h1", "h2"}, lines
+    for h in ("h1", "h2"):
+        a, b = first[h], second[h]
+        assert a["parts"] == b["parts"] and a["digest"] != b["digest"]
+        changed = {k for k in a["vars"] if a["vars"][k] != b["vars"].get(k)}
+        assert changed == {"setting"}, changed
+    assert "one" not in dbg.read_text(), "a value in the debug file"
