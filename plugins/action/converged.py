@@ -63,9 +63,9 @@ def read_files(paths: list[Path]) -> list[tuple[Path, bytes | None]]:
     return out
 
 
-def hash_files(h: Any, label: str, paths: list[Path], base: Path | None = None,
-               contents: list[tuple[Path, bytes | None]] | None = None) -> None:
-    for p, data in (contents if contents is not None else read_files(paths)):
+def hash_files(h: Any, label: str, contents: list[tuple[Path, bytes | None]],
+               base: Path | None = None) -> None:
+    for p, data in contents:
         name = str(p.relative_to(base)) if base is not None else str(p)
         if data is None:
             data = b"<unreadable>"
@@ -218,12 +218,13 @@ class ActionModule(ActionBase):
         part("name", lambda p: p.update(canonical([
             str(args.get("name")),
             str(task_vars.get("ansible_version", {}).get("full", ""))]).encode()))
-        part("collection", lambda p: hash_files(p, "collection", collection_files(), COLLECTION))
+        part("collection",
+             lambda p: hash_files(p, "collection", read_files(collection_files()), COLLECTION))
         inv_files = inventory_files(list(task_vars.get("ansible_inventory_sources") or []),
                                     task_vars.get("playbook_dir"))
         inv_contents = read_files(inv_files)
         part("inventory_files",
-             lambda p: hash_files(p, "inventory", inv_files, contents=inv_contents))
+             lambda p: hash_files(p, "inventory", inv_contents))
         # the loaded inventory (HostVars keeps it; an inventory plugin's hosts are there only)
         inventory = getattr(task_vars.get("hostvars"), "_inventory", None)
         loaded = loaded_inventory(inventory)
@@ -233,7 +234,8 @@ class ActionModule(ActionBase):
         # the -e arguments as parsed (an @file's variables), untemplated
         part("extra_vars", lambda p: p.update(
             canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode()))
-        part("paths", lambda p: hash_files(p, "paths", [Path(x) for x in args.get("paths") or []]))
+        part("paths", lambda p: hash_files(
+            p, "paths", read_files([Path(x) for x in args.get("paths") or []])))
         part("inputs", lambda p: p.update(canonical(args.get("inputs")).encode()))
         h = hashlib.sha256(b"shardfleet converged 2")
         h.update(canonical(parts).encode())

@@ -242,20 +242,20 @@ def mismatch(stamp, digest, address, max_age, now):
     return ""
 
 
-def closed_ports(address, ports, timeout=2.0):
-    """The ``ports`` of ``address`` that refuse or do not answer a TCP connection (probed
-    at once, each bounded by ``timeout``)."""
-    def closed(port):
+def closed_ports(targets, timeout=2.0):
+    """Of ``targets`` ((address, port) pairs), those that refuse or do not answer a TCP
+    connection: probed at once, each bounded by ``timeout``."""
+    def closed(target):
         try:
-            with socket.create_connection((address, int(port)), timeout=timeout):
+            with socket.create_connection((target[0], int(target[1])), timeout=timeout):
                 return False
         except (OSError, ValueError):
             return True
 
-    if not ports:
-        return []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(ports))) as pool:
-        return [p for p, c in zip(ports, pool.map(closed, ports), strict=True) if c]
+    if not targets:
+        return set()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        return {t for t, c in zip(targets, pool.map(closed, targets), strict=True) if c}
 
 
 def keeper_mismatch(stamp, digest, max_age, now):
@@ -298,17 +298,16 @@ def keeper_check(module, p):
             keeper_mismatch(stamp, digest, p["max_age"], now)
         stamps[host] = stamp
     probed = [h for h in sorted(hosts) if not reasons[h]]
+    closed = closed_ports([(stamps[h]["address"], port) for h in probed
+                           for port in stamps[h].get("ports") or []])
     down = set()
-    if probed:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(probed))) as pool:
-            closed = dict(zip(probed, pool.map(
-                lambda h: closed_ports(stamps[h]["address"], stamps[h].get("ports") or []),
-                probed), strict=True))
-        for h in probed:
-            if closed[h]:
-                down.add(h)
-                reasons[h] = (f"not listening on {stamps[h]['address']}: port "
-                              + ", ".join(str(x) for x in closed[h]))
+    for h in probed:
+        ports = [port for port in stamps[h].get("ports") or []
+                 if (stamps[h]["address"], port) in closed]
+        if ports:
+            down.add(h)
+            reasons[h] = (f"not listening on {stamps[h]['address']}: port "
+                          + ", ".join(str(x) for x in ports))
     if not module.check_mode:
         for h, reason in reasons.items():
             if h in down:  # a service down, the host perhaps rebuilt: none of its plays holds
