@@ -10,6 +10,10 @@ any of them sends the host down the play's full path. Secrets (variables named l
 one) are left out of the templated part and of the -e arguments (a vault file's bytes
 are hashed as they are written), so the digest, which the host keeps and -vvv prints, is
 no oracle for them; and so are the fast path's own switches (shardfleet_converged_*).
+
+The digest is a host's *base* (all but ``inputs``) and then ``inputs``: a play that
+changes an input it read (the shards play registering the first map) stamps its base with
+the input as the play left it.
 """
 
 from __future__ import annotations
@@ -117,6 +121,15 @@ def canonical(data: object) -> str:
                       default=lambda o: f"<{type(o).__name__}>")
 
 
+def final_digest(base: str, inputs: object) -> str:
+    """A host's digest: its base (everything the play reads but ``inputs``) and the
+    play's ``inputs``."""
+    h = hashlib.sha256(base.encode())
+    h.update(b"\0inputs\0")
+    h.update(canonical(inputs).encode())
+    return h.hexdigest()
+
+
 def loaded_inventory(inventory: Any) -> str | None:
     """Every host's and group's variables as the inventory plugins loaded them (raw,
     not templated), and the membership: what a dynamic inventory adds to its files."""
@@ -159,7 +172,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("name", "state", "digest", "enabled", "services", "paths",
                              "inputs", "max_age", "path", "keeper", "host", "address",
-                             "ports"))
+                             "ports", "base"))
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
@@ -167,6 +180,7 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         keeper = boolean(args.get("keeper", False), strict=False)
         host = str(task_vars.get("inventory_hostname", ""))
+        bases: dict[str, str] = {}
         if args.get("state", "check") == "present":
             narrowed = self._narrowed()
             if narrowed:
@@ -175,24 +189,32 @@ class ActionModule(ActionBase):
                               msg=f"no stamp: the run is narrowed by {narrowed}, "
                                   "so the host is not known converged")
                 return result
+            if args.get("base"):
+                # the check's base with the inputs as the play left them
+                args["digest"] = final_digest(str(args["base"]), args.get("inputs"))
         elif keeper:
             # run once for the play: every play host's digest, compared on the keeper
             common = self._common(args, task_vars)
             hostvars = task_vars.get("hostvars")
-            args["hosts"] = {h: self._digest(common, args, h, hostvars[h], task_vars)
-                             for h in task_vars.get("ansible_play_hosts") or [host]}
+            bases = {h: self._base(common, args, h, hostvars[h], task_vars)
+                     for h in task_vars.get("ansible_play_hosts") or [host]}
+            args["hosts"] = {h: final_digest(b, args.get("inputs")) for h, b in bases.items()}
         else:
-            args["digest"] = self._digest(self._common(args, task_vars), args, host,
-                                          task_vars, task_vars)
-        # paths and inputs are the digest's, on the control node: not shipped to the host
-        args.pop("paths", None)
-        args.pop("inputs", None)
+            bases = {host: self._base(self._common(args, task_vars), args, host,
+                                      task_vars, task_vars)}
+            args["digest"] = final_digest(bases[host], args.get("inputs"))
+        # paths, inputs and base are the digest's, on the control node: not shipped
+        for name in ("paths", "inputs", "base"):
+            args.pop(name, None)
         result.update(self._execute_module(module_name=MODULE, module_args=args,
                                            task_vars=task_vars))
-        if args.get("state", "check") == "check" and not keeper and "digest" in result:
-            # the same answer as a keeper's, for the play's consumers
-            result["converged_hosts"] = [host] if result.get("converged") else []
-            result["digests"] = {host: result["digest"]}
+        if args.get("state", "check") == "check":
+            if not keeper and "digest" in result:
+                # the same answer as a keeper's, for the play's consumers
+                result["converged_hosts"] = [host] if result.get("converged") else []
+                result["digests"] = {host: result["digest"]}
+            if "digests" in result:
+                result["bases"] = bases
         return result
 
     @staticmethod
@@ -204,10 +226,10 @@ class ActionModule(ActionBase):
         return ", ".join(flag for flag, value in parts if value)
 
     def _common(self, args: dict, task_vars: dict) -> dict:
-        """What every host's digest shares: the collection's and the inventory's files,
-        the loaded inventory, the -e arguments, the play's paths and inputs (hashed once
-        however many hosts the digests are for), each part's own digest kept for
-        SHARDFLEET_CONVERGED_DEBUG."""
+        """What every host's base shares: the collection's and the inventory's files,
+        the loaded inventory, the -e arguments and the play's paths (hashed once however
+        many hosts the digests are for), each part's own digest kept for
+        SHARDFLEET_CONVERGED_DEBUG (with the inputs', which final_digest adds)."""
         parts: dict[str, str] = {}
 
         def part(label: str, feed: Any) -> None:
@@ -236,15 +258,15 @@ class ActionModule(ActionBase):
             canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode()))
         part("paths", lambda p: hash_files(
             p, "paths", read_files([Path(x) for x in args.get("paths") or []])))
-        part("inputs", lambda p: p.update(canonical(args.get("inputs")).encode()))
-        h = hashlib.sha256(b"shardfleet converged 2")
+        h = hashlib.sha256(b"shardfleet converged 3")
         h.update(canonical(parts).encode())
+        part("inputs", lambda p: p.update(canonical(args.get("inputs")).encode()))
         return {"digest": h.hexdigest(), "files": inv_contents, "inventory": inventory,
                 "parts": parts}
 
-    def _digest(self, common: dict, args: dict, host: str, host_vars: Any,
-                task_vars: dict) -> str:
-        """*host*'s digest: the common part and the host's inventory variables as templated
+    def _base(self, common: dict, args: dict, host: str, host_vars: Any,
+              task_vars: dict) -> str:
+        """*host*'s base: the common part and the host's inventory variables as templated
         now (*host_vars*: this task's variables, or ``hostvars[host]`` for another host)."""
         h = hashlib.sha256(common["digest"].encode())
         h.update(canonical([host]).encode())
@@ -260,13 +282,14 @@ class ActionModule(ActionBase):
             except Exception as e:  # noqa: BLE001 - undefined before facts: the same answer each run
                 templated[name] = f"<{type(e).__name__}>"
         h.update(canonical(templated).encode())
-        digest = h.hexdigest()
+        base = h.hexdigest()
         debug = os.environ.get("SHARDFLEET_CONVERGED_DEBUG")
         if debug:  # why a host took the full path: each part's digest, never a value
-            line = {"name": str(args.get("name")), "host": host, "digest": digest,
+            line = {"name": str(args.get("name")), "host": host,
+                    "digest": final_digest(base, args.get("inputs")), "base": base,
                     "parts": common["parts"],
                     "vars": {k: hashlib.sha256(canonical(v).encode()).hexdigest()[:16]
                              for k, v in templated.items()}}
             with open(debug, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line, sort_keys=True) + "\n")
-        return digest
+        return base

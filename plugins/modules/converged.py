@@ -65,8 +65,18 @@ options:
     elements: path
     default: []
   inputs:
-    description: Further inputs of the play, any data (the shard map's version).
+    description:
+      - Further inputs of the play, any data (the shard map).
+      - For O(state=present) with O(base), the inputs as the play left them.
     type: raw
+  base:
+    description:
+      - For O(state=present), in place of O(digest), the host's entry of the check's
+        RV(bases); the stamp's digest is then computed with O(inputs). A play that
+        changed an input it had read (the shards play registering the first map) is
+        converged with the input it wrote, so the next run's check, which reads that,
+        matches.
+    type: str
   max_age:
     description: Seconds a stamp stays good for; 0 means no limit.
     type: int
@@ -165,6 +175,12 @@ digests:
   description: Each checked host's digest (O(state=check)), by inventory name.
   type: dict
   returned: always
+bases:
+  description:
+    - Each checked host's digest of everything but O(inputs) (O(state=check)), by
+      inventory name; O(state=present) takes it as O(base).
+  type: dict
+  returned: when O(state=check)
 reasons:
   description: Why each host that is not converged is not (O(keeper), O(state=check)).
   type: dict

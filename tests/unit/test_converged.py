@@ -413,3 +413,50 @@ def test_the_debug_file_names_each_part_and_variable_never_a_value(kenv, tmp_pat
         changed = {k for k in a["vars"] if a["vars"][k] != b["vars"].get(k)}
         assert changed == {"setting"}, changed
     assert "one" not in dbg.read_text(), "a value in the debug file"
+
+
+MAP_PLAY = """
+- hosts: fleet
+  gather_facts: false
+  vars:  # play variables are no input: only what converged_inputs names
+    map_read: "{{{{ lookup('ansible.builtin.env', 'SF_MAP_READ') }}}}"
+    map_left: "{{{{ lookup('ansible.builtin.env', 'SF_MAP_LEFT') }}}}"
+  tasks:
+    - name: Check
+      ansible.builtin.import_tasks: {root}/playbooks/tasks/converged-check.yml
+      vars:
+        converged_name: play
+        converged_inputs: {{map: "{{{{ map_read }}}}"}}
+        converged_gather_facts: false
+    - name: work
+      ansible.builtin.debug:
+        msg: the play's full path
+    - name: Stamp
+      ansible.builtin.import_tasks: {root}/playbooks/tasks/converged-stamp.yml
+      vars:
+        converged_name: play
+        converged_stamp_inputs: {{map: "{{{{ map_left }}}}"}}
+"""
+
+
+@pytest.mark.parametrize("keeper", [True, False], ids=["keeper", "own stamps"])
+def test_a_play_that_wrote_its_input_is_converged_with_what_it_wrote(kenv, keeper) -> None:
+    """site.yml's shards play reads the map, registers the first one, and stamps the map as
+    it left it: the run after it is fast (it once ran the shards play in full, its stamp
+    naming the map from before the first run). A map that changes after the play, by
+    anyone, still sends the hosts down the full path."""
+    kenv.playbook.write_text(MAP_PLAY.format(root=ROOT))
+    args = () if keeper else ("-e", "shardfleet_converged_keeper=")
+    if not keeper:
+        kenv.write_inventory(own_paths=True)
+
+    def worked(read: str, left: str) -> set[str]:
+        return kenv.worked(kenv.run(*args, SF_MAP_READ=read, SF_MAP_LEFT=left))
+
+    assert worked("", "v1") == {"h1", "h2"}, "the first run (no map yet)"
+    assert worked("v1", "v1") == set(), "the run after the map was written took the full path"
+    assert worked("v2", "v2") == {"h1", "h2"}, "a map changed since was accepted"
+    assert worked("v2", "v2") == set()
+    # a play that read one map and left the same: the check's own digest, as before
+    assert worked("v3", "v3") == {"h1", "h2"}
+    assert worked("v3", "v3") == set()

@@ -329,7 +329,8 @@ def test_the_local_inventory_passes_every_role_of_every_playbook(ansible: Any,
     assert not checked.errors, "\n".join(checked.errors)
     ran = {(r, e) for _, r, e, _ in checked.runs}
     # site.yml runs the shards role's steps one by one (its converged fast path)
-    shard_steps = {("shards", e) for e in ("library", "roles", "databases", "map", "writable")}
+    shard_steps = {("shards", e) for e in ("library", "read", "decide", "databases", "map",
+                                           "writable")}
     expected = {(r, "main") for r in ROLES
                 if r not in ("ec2_fleet", "shards", *NO_PLAY_YET, *INCLUDED_BY_ROLES)} \
         | shard_steps
@@ -400,8 +401,8 @@ def test_an_aws_shaped_inventory_passes_site_yml(ansible: Any, tmp_path: Path) -
     assert not checked.errors, "\n".join(checked.errors)
     # mysql, zookeeper, redis, memcached, shards; monitoring on all ten, the library on
     # the monitoring host
-    # (the shards role's five steps on each MySQL host)
-    assert len(checked.runs) == 4 + 3 + 1 + 1 + 5 * 4 + 10 + 1, checked.runs
+    # (the shards role's six steps on each MySQL host)
+    assert len(checked.runs) == 4 + 3 + 1 + 1 + 6 * 4 + 10 + 1, checked.runs
 
 
 def _molecule_scenario(name: str, dest: Path) -> tuple[Path, list[Path]]:
