@@ -142,9 +142,9 @@ def loaded_inventory(inventory: Any) -> str | None:
     return canonical({"hosts": hosts, "groups": groups})
 
 
-def var_names(files: list[tuple[Path, bytes | None]], inventory: Any, host: str) -> set[str]:
-    """The names of the inventory's variables: the top-level keys of its group_vars and
-    host_vars files, and the host's and its groups' variables in the loaded inventory."""
+def file_var_names(files: list[tuple[Path, bytes | None]]) -> set[str]:
+    """The top-level keys of the inventory's group_vars and host_vars files (parsed once
+    for a play, whatever the number of its hosts)."""
     class Loader(yaml.SafeLoader):
         pass
 
@@ -160,6 +160,13 @@ def var_names(files: list[tuple[Path, bytes | None]], inventory: Any, host: str)
             continue  # a vault-encrypted file: its bytes are hashed
         if isinstance(data, dict):
             names.update(str(k) for k in data)
+    return names
+
+
+def var_names(file_names: set[str], inventory: Any, host: str) -> set[str]:
+    """The names of the inventory's variables: those of its group_vars and host_vars files
+    (*file_names*), and the host's and its groups' variables in the loaded inventory."""
+    names = set(file_names)
     h = inventory.hosts.get(host) if inventory is not None else None
     if h is not None:
         names.update(h.vars)
@@ -261,7 +268,8 @@ class ActionModule(ActionBase):
         h = hashlib.sha256(b"shardfleet converged 3")
         h.update(canonical(parts).encode())
         part("inputs", lambda p: p.update(canonical(args.get("inputs")).encode()))
-        return {"digest": h.hexdigest(), "files": inv_contents, "inventory": inventory,
+        return {"digest": h.hexdigest(), "file_names": file_var_names(inv_contents),
+                "inventory": inventory,
                 "parts": parts}
 
     def _base(self, common: dict, args: dict, host: str, host_vars: Any,
@@ -271,7 +279,7 @@ class ActionModule(ActionBase):
         h = hashlib.sha256(common["digest"].encode())
         h.update(canonical([host]).encode())
         templated = {}
-        names = var_names(common["files"], common["inventory"], host)
+        names = var_names(common["file_names"], common["inventory"], host)
         for name in sorted(inputs_only(dict.fromkeys(names))):
             if name not in host_vars:
                 continue
