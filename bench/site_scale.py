@@ -197,7 +197,7 @@ def _fleet(pairs: int) -> Fleet:
 
 
 def _recap_changed(out: str) -> tuple[int, int]:
-    """(changed tasks, hosts) of a PLAY RECAP."""
+    """(changed tasks, hosts with a recap line: those that ran a task) of a PLAY RECAP."""
     rows = re.findall(r"^\S+\s+: ok=\d+\s+changed=(\d+)", out, re.M)
     return sum(int(x) for x in rows), len(rows)
 
@@ -272,21 +272,21 @@ def run(pairs: int, keep: bool, reruns_only: bool = False) -> Fleet:
         f.play("fleet-up.yml")
         f.play("site.yml", label="site-fresh")
         # every task checked on every host (the drift check), then the converged fast path
-        # the first rerun after the fresh run runs the shards play in full once (its stamp
-        # names the map from before the run registered the ranges); the second is the
-        # steady state a configuration rerun meets
+        # twice (with --reruns-only the first comes right after the fresh run, whose shards
+        # play stamped the map it registered); the second is the steady state a
+        # configuration rerun meets
         reruns = (("site-rerun-full", ("-e", "shardfleet_converged_fast_path=false")),
                   ("site-rerun", ()), ("site-rerun-again", ()))
         for label, args in reruns[1:] if reruns_only else reruns:
             out = f.play("site.yml", *args, label=label)
             changed, hosts = _recap_changed(out)
-            f.steps[-1].note = f"changed={changed} over {hosts} hosts"
+            f.steps[-1].note = f"changed={changed}; {hosts} hosts ran a task"
             if changed:
                 raise SystemExit(f"{pairs} pairs: {label} changed {changed} tasks; see {f.logs}")
         # the same rerun with a fork for every host (ansible.cfg has forks = 10)
         out = f.play("site.yml", "--forks", str(2 * pairs + 5), label="site-rerun-forks")
         changed, hosts = _recap_changed(out)
-        f.steps[-1].note = f"--forks {2 * pairs + 5}: changed={changed} over {hosts} hosts"
+        f.steps[-1].note = f"--forks {2 * pairs + 5}: changed={changed}; {hosts} hosts ran a task"
         f.memory_mib = _memory(f)
         if reruns_only:
             return f
