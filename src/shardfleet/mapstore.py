@@ -167,35 +167,49 @@ class ZooKeeperMapStore:
             acl.append(ACL(Permissions.READ, Id("world", "anyone")))
         return acl
 
-    def _wait(self, request: Callable[[], Any], what: str) -> Any:
+    def _wait(self, request: Callable[[], Any], what: str, *, read: bool = False) -> Any:
         """Send *request* (a kazoo ``*_async`` call) once a session is up, and wait for its
-        reply; both waits share one bound, ``timeout``.
+        reply; all the waits share one bound, ``timeout``.
 
         A store that is between sessions (a slow first connect, a leader election, a busy
         machine) waits for the next one instead of failing at once. The request is sent
         only when connected, so "unreachable" means it was never sent; "did not answer"
-        or a lost connection after sending means it may have been applied.
+        or a lost connection after sending means it may have been applied. A *read*
+        changes nothing: one whose connection drops (a heartbeat missed on a loaded
+        machine, ZooKeeper still up, the session alive) is sent again once connected,
+        within the same bound. An expired session is never papered over: what the old
+        session held (an ephemeral node) is gone, and the caller must know.
         """
+        from kazoo.exceptions import ConnectionLoss
+
         deadline = time.monotonic() + self.timeout
-        while not self.client.connected:
-            if time.monotonic() >= deadline or self.client.state == "CLOSED":
+        while True:
+            while not self.client.connected:
+                if time.monotonic() >= deadline or self.client.state == "CLOSED":
+                    raise MapStoreUnavailable(
+                        f"ZooKeeper at {self.where} is unreachable ({what}; no session "
+                        f"within {self.timeout}s)")
+                time.sleep(0.05)
+            try:
+                return request().get(timeout=max(0.5, deadline - time.monotonic()))
+            except self.client.handler.timeout_exception:
                 raise MapStoreUnavailable(
-                    f"ZooKeeper at {self.where} is unreachable ({what}; no session "
-                    f"within {self.timeout}s)")
-            time.sleep(0.05)
-        try:
-            return request().get(timeout=max(0.5, deadline - time.monotonic()))
-        except self.client.handler.timeout_exception:
-            raise MapStoreUnavailable(
-                f"ZooKeeper at {self.where} did not answer within {self.timeout}s "
-                f"({what})") from None
+                    f"ZooKeeper at {self.where} did not answer within {self.timeout}s "
+                    f"({what})") from None
+            except ConnectionLoss:
+                if not read or time.monotonic() >= deadline or self.client.state == "CLOSED":
+                    raise
+                log.warning("ZooKeeper connection lost (%s); sending it again once connected",
+                            what)
+                time.sleep(0.05)  # the client may not have seen the loss yet
 
     def sync(self) -> None:
         """Make the next read see every write the ensemble committed before this call
         (ZooKeeper ``sync``: a read after a lost reply must not come from a lagging
         follower)."""
         try:
-            self._wait(lambda: self.client.sync_async(self.path), f"sync {self.path}")
+            self._wait(lambda: self.client.sync_async(self.path), f"sync {self.path}",
+                       read=True)
         except self._errors() as exc:
             raise MapStoreUnavailable(f"ZooKeeper connection lost (sync): {exc}") from None
 
@@ -209,7 +223,8 @@ class ZooKeeperMapStore:
         from kazoo.exceptions import NoAuthError, NoNodeError
 
         try:
-            data, stat = self._wait(lambda: self.client.get_async(path), f"read {path}")
+            data, stat = self._wait(lambda: self.client.get_async(path), f"read {path}",
+                                    read=True)
         except NoNodeError:
             return None, NO_NODE
         except NoAuthError:
@@ -223,7 +238,8 @@ class ZooKeeperMapStore:
         is absent."""
         where = path or self.path
         try:
-            stat = self._wait(lambda: self.client.exists_async(where), f"stat {where}")
+            stat = self._wait(lambda: self.client.exists_async(where), f"stat {where}",
+                              read=True)
         except self._errors() as exc:
             raise MapStoreUnavailable(f"ZooKeeper connection lost reading {where}: {exc}") from None
         return stat.mtime / 1000.0 if stat is not None else None
@@ -235,7 +251,7 @@ class ZooKeeperMapStore:
 
         try:
             return list(self._wait(lambda: self.client.get_children_async(path),
-                                   f"list {path}"))
+                                   f"list {path}", read=True))
         except NoNodeError:
             return []
         except NoAuthError:
@@ -286,7 +302,8 @@ class ZooKeeperMapStore:
         cur = ""
         for p in parts:
             cur += "/" + p
-            if self._wait(partial(self.client.exists_async, cur), f"exists {cur}") is None:
+            if self._wait(partial(self.client.exists_async, cur), f"exists {cur}",
+                          read=True) is None:
                 try:
                     self._wait(partial(self.client.create_async, cur, b"", acl=self.acl()),
                                f"create {cur}")

@@ -72,3 +72,23 @@ def test_a_lost_reply_and_zookeeper_away_is_an_unknown_outcome(proxied):
     # it had landed; the rerun of the same edit finds nothing to do
     again = update(store, lambda m: m.freeze([before.map.ranges[1].bounds], "op-away"))
     assert not again.changed and again.version == before.version + 1
+
+
+@pytest.mark.parametrize("read", ["read", "children", "sync"])
+def test_a_read_whose_connection_drops_is_sent_again_on_the_next_session(proxied, read):
+    """ZooKeeper is up but the client's connection drops while a read is out (a heartbeat
+    missed on a loaded machine: CI saw a promotion refused with "connection lost listing
+    .../ops/journal"). A read changes nothing, so the store sends it again once a new
+    connection is up, within its timeout, instead of failing the operation."""
+    proxy, store, direct = proxied
+    before = direct.read()
+    # a map read's request is the largest of the three here; each is well above a ping's 12
+    proxy.lose_reply_to_next(min_bytes=24, apply_wait=0.2)
+    if read == "read":
+        got = store.read()
+        assert got.map == before.map and got.version == before.version
+    elif read == "children":
+        assert store.children(store.path.rsplit("/", 1)[0]) == ["map"]
+    else:
+        store.sync()
+    assert proxy.lost.is_set(), "the proxy never cut a request: the test injected nothing"
