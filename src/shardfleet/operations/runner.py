@@ -1,0 +1,333 @@
+"""The operation runner: step tables, journals, locks and the registry of operations in flight.
+
+An operation (split, promotion, rebuild) is a table of :class:`Step`: a name, "is it
+done?" (read from the servers and the map, not only the journal), the action, and
+what check mode says it would do. :class:`Runner` owns everything around the table:
+the locks of every server the operation changes, held for the whole run; the refusal
+to start beside another unfinished operation on those servers (the journals are the
+registry, so this holds across runs and across processes); check mode; resume (a
+done step is skipped, so a rerun continues where a failed run stopped).
+
+Journals and locks live in ZooKeeper, beside the map. Layout under the cluster's
+root (``/shardfleet/<cluster>``)::
+
+    ops/journal/<name>   JSON journal of one operation (split, promotion)
+    ops/locks/<name>     kazoo Lock: one operation at a time per pair
+
+A journal is written with compare-and-set like the map, so two operators
+cannot interleave steps; it is what makes a rerun continue where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfleet.errors import MapConflictError, ShardfleetError
+from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+
+log = logging.getLogger(__name__)
+
+
+class LockBusy(ShardfleetError):
+    """Raised when another operation holds the pair's lock."""
+
+
+class Journal:
+    """A versioned JSON document at ``ops/journal/<name>``."""
+
+    def __init__(self, store: ZooKeeperMapStore, name: str) -> None:
+        if not name or "/" in name:
+            raise ShardfleetError(f"journal name {name!r} must be non-empty without '/'")
+        self.store = store
+        self.path = f"{store.root}/{store.cluster}/ops/journal/{name}"
+        self.version = NO_NODE
+        self.data: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any] | None:
+        raw, self.version = self.store.read_raw(self.path)
+        self.data = json.loads(raw) if raw else None
+        return self.data
+
+    def save(self, data: dict[str, Any]) -> None:
+        """Write *data* if nobody else wrote since :meth:`load` (MapConflictError otherwise)."""
+        data = dict(data, updated_at=time.time())
+        self.version = self.store.write_raw(self.path, json.dumps(data, sort_keys=True).encode(),
+                                            self.version)
+        self.data = data
+
+    def step(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Record that step *name* is done (with *fields*), appending to ``steps``."""
+        data = dict(self.data or {})
+        steps = list(data.get("steps", []))
+        steps.append({"step": name, "at": time.time(), **fields})
+        data.update(fields, step=name, steps=steps)
+        self.save(data)
+        return data
+
+    def delete(self) -> None:
+        if self.version != NO_NODE:
+            self.store.delete_raw(self.path, self.version)
+        self.version, self.data = NO_NODE, None
+
+
+@contextmanager
+def pair_lock(store: ZooKeeperMapStore, name: str, *, timeout: float = 5.0,
+              identifier: str = "") -> Iterator[None]:
+    """Hold ``ops/locks/<name>`` for the duration; LockBusy if another holder keeps it."""
+    from kazoo.exceptions import LockTimeout
+
+    path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+    lock = store.client.Lock(path, identifier or "shardfleet")
+    try:
+        got = lock.acquire(timeout=timeout)
+    except LockTimeout:
+        got = False
+    if not got:
+        holders = lock.contenders()
+        raise LockBusy(f"another operation holds {path} ({', '.join(holders) or 'unknown'}); "
+                       "wait for it, or check the journal")
+    try:
+        yield
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - the session may already be gone
+            log.warning("could not release %s", path, exc_info=True)
+
+
+def server_lock_name(server: str) -> str:
+    """The lock every operation takes for a server it changes (``server-host:port``), so a
+    split and a promotion touching the same server exclude each other."""
+    return "server-" + server.replace("/", "_")
+
+
+@contextmanager
+def servers_lock(store: ZooKeeperMapStore, servers: list[str], *, timeout: float = 5.0,
+                 identifier: str = "") -> Iterator[None]:
+    """Hold the locks of every server in *servers* (taken in sorted order)."""
+    names = sorted({server_lock_name(s) for s in servers})
+    with ExitStack() as stack:
+        for name in names:
+            stack.enter_context(pair_lock(store, name, timeout=timeout, identifier=identifier))
+        yield
+
+
+def refuse_if_locked(store: ZooKeeperMapStore, servers: list[str]) -> None:
+    """LockBusy when another holder keeps the lock of any of *servers* (check mode takes
+    no lock, but says when one is held)."""
+    for name in sorted({server_lock_name(s) for s in servers}):
+        path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+        if store.children(path):
+            raise LockBusy(f"another operation holds {path}; wait for it, or check the journal")
+
+
+class OperationInFlight(ShardfleetError):
+    """Raised before anything changed when another unfinished operation (its journal says
+    so) touches a server this one would change: finish or abort that one first."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """An unfinished operation, from its journal."""
+
+    name: str
+    kind: str
+    step: str
+    servers: tuple[str, ...]
+    updated_at: float
+    data: dict[str, Any]
+
+    def describe(self) -> str:
+        age = max(0.0, time.time() - self.updated_at) if self.updated_at else 0.0
+        return (f"{self.kind} {self.name} (step {self.step}, on {', '.join(self.servers)}, "
+                f"journal updated {age:.0f} s ago)")
+
+
+def journal_base(store: ZooKeeperMapStore) -> str:
+    return f"{store.root}/{store.cluster}/ops/journal"
+
+
+def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
+    """Every journal under ``ops/journal`` by name (finished ones included)."""
+    base = journal_base(store)
+    names = store.children(base)
+    out = {}
+    for n in sorted(names):
+        raw, _ = store.read_raw(f"{base}/{n}")
+        if raw:
+            try:
+                out[n] = json.loads(raw)
+            except ValueError:
+                out[n] = {"step": "unreadable journal"}
+    return out
+
+
+def _kind(name: str, d: dict[str, Any]) -> str:
+    """What operation a journal records: ``split``, ``rebuild`` or ``promotion (<mode>)``."""
+    kind = str(d.get("kind") or d.get("mode") or name.split("-", 1)[0])
+    if name.startswith("split") or kind == "split":
+        return "split"
+    return "rebuild" if name.startswith("rebuild") else f"promotion ({kind})"
+
+
+def _finished(name: str, d: dict[str, Any]) -> bool:
+    """A split is finished from its cutover (its cleanup is optional and touches nothing
+    the map names) or its abort; a promotion or a rebuild once it records ``done``."""
+    if _kind(name, d) == "split":
+        return str(d.get("step") or "start") in ("cutover", "cleanup", "aborted")
+    return bool(d.get("done"))
+
+
+def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
+    """The operation a journal describes, when it is not finished."""
+    if _finished(name, d):
+        return None
+    kind = _kind(name, d)
+    step = str(d.get("step") or "start")
+    if kind == "split":
+        servers = [d.get("source"), d.get("target"), d.get("target_standby")]
+    else:
+        servers = [d.get("old_master"), d.get("new_master"), d.get("node"), d.get("master")]
+    return InFlight(name, kind, step, tuple(sorted({str(s) for s in servers if s})),
+                    float(d.get("updated_at") or d.get("started_at") or 0), d)
+
+
+def operations(store: ZooKeeperMapStore) -> tuple[list[InFlight], list[dict[str, Any]]]:
+    """Every journal, read once: the operations in flight, and the finished ones the
+    journals still hold (name, kind, and when the journal last moved: a pair's promotion
+    journal is reused by its next promotion, so that is the latest one's end)."""
+    running: list[InFlight] = []
+    done: list[dict[str, Any]] = []
+    for n, d in journals(store).items():
+        if (op := _unfinished(n, d)) is not None:
+            running.append(op)
+        else:
+            done.append({"name": n, "kind": _kind(n, d),
+                         "updated_at": float(d.get("updated_at") or d.get("started_at") or 0)})
+    return running, done
+
+
+def in_flight(store: ZooKeeperMapStore) -> list[InFlight]:
+    """The registry of operations in flight: every journal not finished."""
+    return operations(store)[0]
+
+
+def refuse_if_busy(store: ZooKeeperMapStore, servers: list[str], me: str) -> None:
+    """OperationInFlight when an unfinished operation other than *me* (a journal name)
+    touches any of *servers*; one operation at a time per server, across steps and runs
+    (the locks only cover one run)."""
+    mine = set(servers)
+    others = [op for op in in_flight(store) if op.name != me and mine & set(op.servers)]
+    if others:
+        raise OperationInFlight(
+            "another operation is in flight on these servers: "
+            + "; ".join(op.describe() for op in others)
+            + ". Finish it (rerun its playbook) or abort it first; see "
+              "`shardfleet ops list` and `shardfleet ops show NAME`. Nothing changed")
+
+
+@dataclass
+class StepResult:
+    """What one step did (or, in check mode, would do)."""
+
+    step: str
+    changed: bool
+    msg: str
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+    # the operation stops after this step, waiting for work done outside the library
+    # (a physical copy between nodes: details say which); its next run continues it
+    waits: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "changed": self.changed, "msg": self.msg,
+                "seconds": round(self.seconds, 3), **self.details}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of an operation's step table.
+
+    * ``done()`` — is the step's effect already there (read from the servers, the map,
+      the journal)? A done step is skipped: that is what makes a rerun a resume.
+    * ``action()`` — do it (idempotent: a crash inside it is resumed by running it again).
+    * ``would`` — what check mode reports for a step that is not done.
+    * ``always`` — run even when ``done()`` (validation steps such as a split's check).
+    """
+
+    name: str
+    done: Callable[[], bool]
+    action: Callable[[], StepResult]
+    would: str = ""
+    always: bool = False
+
+
+class Runner:
+    """Run an operation's step table under its servers' locks (see the module docstring).
+
+    *name* is the operation's journal name (so the registry does not refuse the
+    operation its own journal), *servers* every server it changes.
+    """
+
+    def __init__(self, store: ZooKeeperMapStore, name: str, servers: Sequence[str], *,
+                 lock_timeout: float = 5.0, identifier: str = "") -> None:
+        self.store, self.name = store, name
+        self.servers = sorted({s for s in servers if s})
+        self.lock_timeout = lock_timeout
+        self.identifier = identifier or name
+        self.after_step: Callable[[str], None] | None = None  # a hook for tests
+
+    @contextmanager
+    def held(self, prepare: Callable[[], str] | None = None, *,
+             check: bool = False) -> Iterator[None]:
+        """The locks of every server; then *prepare()* (it may read the journal and
+        return the operation's name, known only then); then the registry's refusal. All
+        under the locks, so no other operation can start between the look and the
+        first change. *check*: take no lock (check mode changes nothing), but refuse
+        (LockBusy) when another holder keeps one."""
+        if check:
+            refuse_if_locked(self.store, self.servers)
+            if prepare is not None:
+                self.name = prepare()
+            refuse_if_busy(self.store, self.servers, self.name)
+            yield
+            return
+        with servers_lock(self.store, self.servers, timeout=self.lock_timeout,
+                          identifier=self.identifier):
+            if prepare is not None:
+                self.name = prepare()
+            refuse_if_busy(self.store, self.servers, self.name)
+            yield
+
+    def run(self, steps: Sequence[Step], *, check: bool = False) -> list[StepResult]:
+        """Each step in order: skipped when done, described in *check* mode, else run.
+        Call it inside :meth:`held` (check mode takes no lock: it changes nothing)."""
+        if check:
+            refuse_if_busy(self.store, self.servers, self.name)
+        out: list[StepResult] = []
+        for s in steps:
+            if not s.always and s.done():
+                out.append(StepResult(s.name, False, f"{s.name}: done already"))
+                continue
+            if check and not s.always:
+                out.append(StepResult(s.name, True, f"would {s.would or s.name}"))
+                continue
+            res = s.action()
+            out.append(res)
+            log.info("%s: %s %s", self.name, s.name, res.msg)
+            if self.after_step is not None and not check:
+                self.after_step(s.name)
+            if res.waits:
+                break
+        return out
+
+
+__all__ = ["InFlight", "Journal", "LockBusy", "MapConflictError", "OperationInFlight",
+           "Runner", "Step", "StepResult", "in_flight", "journals", "pair_lock",
+           "refuse_if_busy", "refuse_if_locked", "server_lock_name", "servers_lock"]
