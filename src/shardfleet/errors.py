@@ -45,6 +45,12 @@ class MapConflictError(ShardfleetError):
     """Raised when a compare-and-set write of the map loses against a concurrent writer."""
 
 
+class FenceMoved(MapConflictError):
+    """Raised by a fenced write (:meth:`shardfleet.mapstore.ZooKeeperMapStore.write_raw` with
+    ``checks``) when a fence znode moved: another run took the servers' locks since this
+    one took its fencing token, so this one must not act again."""
+
+
 class MapStoreUnavailable(ShardfleetError):
     """Raised when the map's store (ZooKeeper) cannot be reached and no cached map exists."""
 

@@ -7,8 +7,12 @@ version, and the watch survives session loss (kazoo re-arms it).
 
 Layout in ZooKeeper, under a configurable root (default ``/shardfleet``)::
 
-    /shardfleet/<cluster>/map         the map's JSON (one znode per cluster)
-    /shardfleet/<cluster>/ops/...     journals and locks of operations in progress
+    /shardfleet/<cluster>/map                 the map's JSON (one znode per cluster)
+    /shardfleet/<cluster>/ops/journal/<name>  an operation's journal (JSON)
+    /shardfleet/<cluster>/ops/locks/<name>    kazoo Lock: one operation at a time per server
+    /shardfleet/<cluster>/ops/fence/<name>    fencing token: bumped by each lock holder
+
+The paths are built here only (:meth:`ZooKeeperMapStore.ops_node`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from functools import partial
 from typing import Any, Protocol
 
 from shardfleet import shardmap
-from shardfleet.errors import MapConflictError, MapError, MapStoreUnavailable, MapWriteUnknown
+from shardfleet.errors import (
+    FenceMoved,
+    MapConflictError,
+    MapError,
+    MapStoreUnavailable,
+    MapWriteUnknown,
+)
 from shardfleet.shardmap import ShardMap
 
 log = logging.getLogger(__name__)
@@ -156,6 +166,23 @@ class ZooKeeperMapStore:
     def connected(self) -> bool:
         return bool(self.client.connected)
 
+    OPS_KINDS = ("journal", "locks", "fence")
+
+    def ops_node(self, kind: str, name: str = "") -> str:
+        """The znode of an operation's *kind* (``journal``, ``locks``, ``fence``) named
+        *name* (the folder when empty): every path under ``ops/`` is built here."""
+        if kind not in self.OPS_KINDS:
+            raise MapError(f"unknown operation znode kind {kind!r}")
+        if "/" in name:
+            raise MapError(f"operation znode name {name!r} must have no '/'")
+        return f"{self.ops_path}/{kind}/{name}" if name else f"{self.ops_path}/{kind}"
+
+    def session(self) -> int | None:
+        """The id of the client's current ZooKeeper session (None before the first): it
+        changes when a session expires and the client starts a new one."""
+        cid = self.client.client_id
+        return int(cid[0]) if cid else None
+
     def acl(self) -> list[Any] | None:
         """The ACL for znodes this store creates (None: ZooKeeper's open default)."""
         if not self._auth:
@@ -259,10 +286,17 @@ class ZooKeeperMapStore:
         except self._errors() as exc:
             raise MapStoreUnavailable(f"ZooKeeper connection lost listing {path}: {exc}") from None
 
-    def write_raw(self, path: str, data: bytes, expected_version: int) -> int:
-        """Compare-and-set any znode (create when *expected_version* is NO_NODE)."""
+    def write_raw(self, path: str, data: bytes, expected_version: int, *,
+                  checks: tuple[tuple[str, int], ...] = ()) -> int:
+        """Compare-and-set any znode (create when *expected_version* is NO_NODE).
+
+        *checks*: (path, version) pairs that must still hold, in the same ZooKeeper
+        transaction as the write (a fencing token): when one moved nothing is written
+        and :class:`FenceMoved` is raised."""
         from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 
+        if checks:
+            return self._write_fenced(path, data, expected_version, checks)
         try:
             if expected_version == NO_NODE:
                 self._ensure_parent(path)
@@ -282,6 +316,42 @@ class ZooKeeperMapStore:
             ) from None
         except self._errors() as exc:
             raise MapStoreUnavailable(f"ZooKeeper connection lost writing {path}: {exc}") from None
+
+    def _write_fenced(self, path: str, data: bytes, expected_version: int,
+                      checks: tuple[tuple[str, int], ...]) -> int:
+        """:meth:`write_raw` with its *checks*, as one transaction."""
+        from kazoo.exceptions import NoAuthError, RolledBackError
+
+        if expected_version == NO_NODE:
+            self._ensure_parent(path)
+
+        def request() -> Any:
+            t = self.client.transaction()
+            for p, v in checks:
+                t.check(p, v)
+            if expected_version == NO_NODE:
+                t.create(path, data, acl=self.acl())
+            else:
+                t.set_data(path, data, version=expected_version)
+            return t.commit_async()
+
+        try:
+            results = self._wait(request, f"write {path} (fenced)")
+        except self._errors() as exc:
+            raise MapStoreUnavailable(f"ZooKeeper connection lost writing {path}: {exc}") from None
+        *checked, written = results
+        moved = [p for (p, _), r in zip(checks, checked, strict=True)
+                 if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if moved:
+            raise FenceMoved(f"{', '.join(moved)} moved: another run took these servers' "
+                             f"locks; {path} not written")
+        if isinstance(written, NoAuthError):
+            raise MapStoreUnavailable(f"ZooKeeper refused to write {path}: not authorised")
+        if isinstance(written, Exception):
+            cur = self.read_raw(path)[1]
+            raise MapConflictError(f"{path} is at version {cur}, expected {expected_version}: "
+                                   "another writer changed it; read it again")
+        return 0 if expected_version == NO_NODE else int(written.version)
 
     def delete_raw(self, path: str, expected_version: int = -1) -> None:
         from kazoo.exceptions import BadVersionError, NoNodeError

@@ -78,9 +78,10 @@ from kazoo.exceptions import KazooException
 from shardfleet import replication, shardmap, topology
 from shardfleet.errors import DatabaseError, MapError, ShardfleetError, mysql_code
 from shardfleet.mapstore import ZooKeeperMapStore, update
-from shardfleet.ops import (
+from shardfleet.operations.runner import (
     Journal,
     LockBusy,
+    LockLost,
     OperationInFlight,
     Runner,
     Step,
@@ -410,6 +411,7 @@ class _Run:
         self.switched = False  # an unfinished planned promotion continued as an emergency
         self.nodes: list[str] = []
         self.pending: list[dict[str, Any]] = []  # steps done before the first change
+        self.runner: Runner | None = None  # while the locks are held (its fence)
 
     def begin(self) -> None:
         """Record the operation in the journal: the first change is about to happen (the
@@ -454,9 +456,22 @@ class _Run:
 
         return Step(name, is_done, act, would.replace("\n", "; "), always)
 
-    def runner(self, opts: Options) -> Runner:
+    def new_runner(self, opts: Options) -> Runner:
         return Runner(self.store, self.name, self.nodes, lock_timeout=opts.lock_timeout,
-                      identifier=self.name)
+                      identifier=self.name, kind=self.kind())
+
+    def kind(self) -> str:
+        """The journal header's kind: ``rebuild`` or ``promotion (<mode>)``."""
+        return "rebuild" if self.res.mode == "rebuild" else f"promotion ({self.res.mode})"
+
+    def lost(self, exc: BaseException) -> PromotionFailed:
+        """This run lost its locks: it acts no more, rolls nothing back, and writes
+        nothing in a journal another run may own now."""
+        return PromotionFailed(
+            f"the {self.kind()} of {self.pair} stopped: {_describe(exc)}. This run changed "
+            "nothing more and rolled nothing back: another run may hold the pair now. Look "
+            f"before acting: `shardfleet ops show {self.name}` and the map; rerun the same "
+            "command once no other run is in flight")
 
 
 def _never() -> bool:
@@ -469,10 +484,14 @@ def _held(run: _Run, opts: Options) -> Iterator[Runner]:
     too) and its registry of operations in flight (a split between its steps, a rebuild
     refuses this one); check mode takes no lock but refuses when one is held. LockBusy
     and OperationInFlight are refusals: nothing changed."""
-    runner = run.runner(opts)
+    runner = run.new_runner(opts)
     try:
         with runner.held(check=run.check):
-            yield runner
+            run.runner = runner
+            try:
+                yield runner
+            finally:
+                run.runner = None
     except (LockBusy, OperationInFlight) as exc:
         raise PromotionRefused(str(exc)) from None
 
@@ -518,6 +537,8 @@ def _unexpected(run: _Run, exc: BaseException) -> ShardfleetError:
     no step expected (a server or ZooKeeper gone mid-statement, a missing privilege)."""
     what = _describe(exc)
     log.warning("promote %s: %s", run.pair, what)
+    if isinstance(exc, LockLost) and run.begun:
+        return run.lost(exc)
     if not run.begun:
         return PromotionRefused(f"promotion of {run.pair} ({', '.join(run.nodes)}) stopped "
                                 f"before any change: {what}; nothing changed")
@@ -559,6 +580,7 @@ def _promote(run: _Run, mode: str, master: str | None, expect_master: str | None
         p = _prepare(run, cur.map, mode, master, expect_master, opts)
         if p is None:
             return res
+        runner.kind = run.kind()  # the mode a resumed journal decided
         p.execute(runner)
         after = store.read().map if not run.check else None
         res.map_after = after.table() if after else ""
@@ -1039,6 +1061,8 @@ class _Promotion:
         def guarded() -> T:
             try:
                 return fn()
+            except LockLost as exc:  # another run may hold the pair: act no more
+                raise self.run.lost(exc) from exc
             except ERRORS as exc:
                 raise failure(exc) from exc
         return guarded
@@ -1281,6 +1305,26 @@ def _planned_rollback(run: _Run, old: str, new: str, bounds: set[tuple[int, int]
     emergency promotion (same new master) may then finish what this one started.
     """
     what = _describe(exc)
+    if isinstance(exc, LockLost):
+        return run.lost(exc)
+    try:
+        if run.runner is not None:
+            run.runner.check_fence()
+        m = run.store.read().map
+    except LockLost as lost:
+        return run.lost(lost)
+    except ERRORS as again:
+        return _rollback_failed(run, old, new, what, again)
+    moved = [r.describe() for r in (m.ranges if m else []) if r.bounds in bounds and not (
+        r.master == old and r.standby == new
+        and (r.state != "frozen" or freeze_owner(r) == owner(run.pair)))]
+    if m is None or moved:
+        _record_failure(run, exc)
+        return PromotionFailed(
+            f"the planned promotion of {run.pair} stopped ({what}); not rolled back: the "
+            f"map no longer names {old} master of the pair's ranges as this run left them "
+            f"({'; '.join(moved) or 'no map'}), so another run moved it. {old} and {new} "
+            f"are left as they are; look before acting: `shardfleet ops show {run.name}`")
     conn, why, refusing = reach(old, opts)
     if conn is None:
         _record_failure(run, exc)
@@ -1298,17 +1342,22 @@ def _planned_rollback(run: _Run, old: str, new: str, bounds: set[tuple[int, int]
         _write_map(run.store, lambda m: _unfreeze(m, bounds, run.pair))
         run.step("rolled_back", error=what)
         run.journal.save(dict(run.journal.data or {}, done=True, failed=what))
-    except (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException) as again:
-        _record_failure(run, again)
-        return PromotionFailed(
-            f"the planned promotion of {run.pair} stopped ({what}) and its rollback failed "
-            f"({_describe(again)}). State left: ranges possibly FROZEN, {old} possibly "
-            f"read_only, {new} read_only; rerun the same command: "
-            f"{_rerun_cmd(run.pair, 'planned', old)}")
+    except ERRORS as again:
+        return _rollback_failed(run, old, new, what, again)
     finally:
         _close(conn)
     return PromotionFailed(f"rolled back (master {old} writable again, ranges unfrozen; "
                            f"nothing changed): {what}")
+
+
+def _rollback_failed(run: _Run, old: str, new: str, what: str,
+                     again: BaseException) -> PromotionFailed:
+    _record_failure(run, again)
+    return PromotionFailed(
+        f"the planned promotion of {run.pair} stopped ({what}) and its rollback failed "
+        f"({_describe(again)}). State left: ranges possibly FROZEN, {old} possibly "
+        f"read_only, {new} read_only; rerun the same command: "
+        f"{_rerun_cmd(run.pair, 'planned', old)}")
 
 
 def _applied_all_received(ch: dict[str, Any]) -> bool:

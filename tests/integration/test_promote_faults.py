@@ -563,3 +563,73 @@ def test_a_rebuild_that_lost_the_master_after_clearing_the_mark_is_finished_by_i
     res = promote.promote(zk_store, PAIR, nodes(pair), master=master.address, opts=opts())
     assert res.changed, res.to_dict()
     both_ways(master, standby)
+
+
+# -- a run that lost its ZooKeeper session (its locks) -------------------------------------
+
+def expire_session(store: Any) -> None:
+    """ZooKeeper's session-expiry trick: a second client on *store*'s session id and
+    password, then closed. The server ends the session, and every ephemeral node it held
+    (the operation's locks) with it; *store*'s client goes on with a new session."""
+    from kazoo.client import KazooClient
+
+    sid, password = store.client.client_id
+    twin = KazooClient(hosts=store.where, client_id=(sid, password), timeout=10)
+    twin.start(timeout=30)
+    twin.stop()
+    twin.close()
+    deadline = time.monotonic() + 30
+    while store.client.client_id is None or store.client.client_id[0] == sid \
+            or not store.client.connected:
+        assert time.monotonic() < deadline, "the session never expired"
+        time.sleep(0.05)
+
+
+def writable(server: MariaDBServer) -> bool:
+    return server.sql("SELECT @@GLOBAL.read_only")[0][0] == 0
+
+
+def test_a_run_that_lost_its_session_acts_no_more(pair, zk_store, zookeeper, monkeypatch):
+    """Defect 1: run A's session expires inside a step (its locks vanish); run B, the same
+    command, takes the locks, resumes A's journal and finishes the promotion. A must then
+    stop before its next action: before the fix its next journal write failed inside a
+    step wrapped by the planned rollback, which made the old master writable again after
+    B had made the new one writable: two writable masters in one pair."""
+    from shardfleet.mapstore import ZooKeeperMapStore
+
+    master, standby = roles(pair)
+    real = replication.wait_no_write_transactions
+    seen: dict[str, Any] = {}
+
+    def wait_no_write_transactions(conn: Any, timeout: float) -> int:
+        left = real(conn, timeout)
+        if "b" not in seen:  # A, fencing the master: its session ends, B runs to the end
+            seen["b"] = None
+            expire_session(zk_store)
+            other = ZooKeeperMapStore(zookeeper.address, zk_store.cluster)
+            try:
+                seen["b"] = promote.promote(other, PAIR, nodes(pair), mode="planned",
+                                            opts=opts(lock_timeout=30))
+            finally:
+                other.close()
+        return left
+
+    monkeypatch.setattr(replication, "wait_no_write_transactions", wait_no_write_transactions)
+    try:
+        with pytest.raises(PromotionFailed) as failed:
+            promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts())
+    finally:
+        monkeypatch.undo()
+    assert seen["b"] is not None and seen["b"].changed, seen
+    assert writable(standby) and not writable(master), \
+        (f"after B's promotion: {standby.address} writable={writable(standby)}, "
+         f"{master.address} writable={writable(master)} (A rolled back?)")
+    assert "lost" in str(failed.value), str(failed.value)
+    m = zk_store.read().map
+    assert all(r.master == standby.address and r.state != "frozen" for r in m.ranges), m.dumps()
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load()["done"]
+    wait_applied(master, standby)
+    back = promote.promote(zk_store, PAIR, nodes(pair), mode="planned",
+                           expect_master=standby.address, opts=opts())
+    assert back.changed and roles(pair) == (master, standby)
+    wait_applied(standby, master)

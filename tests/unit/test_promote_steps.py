@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from shardfleet import ops, promote
+from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.shardmap import ShardMap
 
 A, B = "10.0.0.1:3306", "10.0.0.2:3306"
@@ -50,6 +51,13 @@ class FakeStore:
     client: Client = field(default_factory=Client)
     root: str = "/shardfleet"
     cluster: str = "t"
+
+    OPS_KINDS = ZooKeeperMapStore.OPS_KINDS
+    ops_node = ZooKeeperMapStore.ops_node
+
+    @property
+    def ops_path(self) -> str:
+        return f"{self.root}/{self.cluster}/ops"
 
     def read(self) -> Read:
         return Read(self.map)

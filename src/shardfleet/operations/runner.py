@@ -8,27 +8,35 @@ to start beside another unfinished operation on those servers (the journals are 
 registry, so this holds across runs and across processes); check mode; resume (a
 done step is skipped, so a rerun continues where a failed run stopped).
 
-Journals and locks live in ZooKeeper, beside the map. Layout under the cluster's
-root (``/shardfleet/<cluster>``)::
+Journals, locks and fencing tokens live in ZooKeeper, beside the map (the paths:
+:meth:`~shardfleet.mapstore.ZooKeeperMapStore.ops_node`). A journal is written with
+compare-and-set like the map, so two operators cannot interleave steps; it is what
+makes a rerun continue where it stopped. Every journal carries one header, whatever
+the operation: ``kind``, ``servers``, ``step``, ``done`` and ``epoch`` (the fencing
+token of the run that wrote it); the registry reads nothing else.
 
-    ops/journal/<name>   JSON journal of one operation (split, promotion)
-    ops/locks/<name>     kazoo Lock: one operation at a time per pair
-
-A journal is written with compare-and-set like the map, so two operators
-cannot interleave steps; it is what makes a rerun continue where it stopped.
+A lock is only as good as the ZooKeeper session that holds it: the locks are
+ephemeral znodes, gone when the session expires, and then another run may take
+them. So a run is fenced (:class:`Fence`): taking the locks bumps each server's
+fence znode and remembers its version; before every action the runner checks that
+its session is the one that took the locks and that no fence moved, and every
+journal write checks the fences in the same ZooKeeper transaction. A run that lost
+its locks raises :class:`LockLost` before its next action and must not act again,
+not even to roll back.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardfleet.errors import MapConflictError, ShardfleetError
+from shardfleet.errors import FenceMoved, MapConflictError, ShardfleetError
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
 
 log = logging.getLogger(__name__)
@@ -38,14 +46,74 @@ class LockBusy(ShardfleetError):
     """Raised when another operation holds the pair's lock."""
 
 
+class LockLost(ShardfleetError):
+    """Raised when a run no longer holds its locks: its ZooKeeper session expired (the
+    lock znodes went with it) or another run took the servers' fencing tokens. The run
+    stops before its next action and must not act again, not even to roll back."""
+
+
+class Fence:
+    """The fencing tokens of one run: each server's ``ops/fence/<lock name>`` version
+    after this run bumped it, and the session that took the locks."""
+
+    def __init__(self, store: ZooKeeperMapStore, names: Sequence[str], holder: str) -> None:
+        self.store, self.holder = store, holder
+        self.names = sorted(set(names))
+        self.tokens: dict[str, int] = {}
+        self.session: int | None = None
+
+    def take(self) -> None:
+        """Bump every fence (under the locks): a run that held them before is fenced out."""
+        self.session = self.store.session()
+        for name in self.names:
+            path = self.store.ops_node("fence", name)
+            while True:
+                _, version = self.store.read_raw(path)
+                body = json.dumps({"holder": self.holder, "at": time.time()}).encode()
+                try:
+                    self.tokens[path] = self.store.write_raw(path, body, version)
+                    break
+                except MapConflictError:
+                    continue  # a lost reply of our own write, or a holder fenced out
+
+    @property
+    def epoch(self) -> int:
+        """The header's ``epoch``: the newest token this run holds."""
+        return max(self.tokens.values(), default=0)
+
+    def checks(self) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted(self.tokens.items()))
+
+    def check(self) -> None:
+        """LockLost unless this run still holds its locks: the same session, no fence moved."""
+        now = self.store.session()
+        if self.session is None or now != self.session:
+            raise LockLost(f"{self.holder} lost its locks: its ZooKeeper session "
+                           f"{self.session and hex(self.session)} expired (now "
+                           f"{now and hex(now)}); another run may hold them now")
+        for path, version in self.tokens.items():
+            _, cur = self.store.read_raw(path)
+            if cur != version:
+                raise LockLost(f"{self.holder} lost its locks: {path} is at {cur}, this run "
+                               f"holds {version}: another run took them")
+
+
+# journals written while a Runner of the same name holds its locks are fenced by it
+_FENCED: dict[tuple[int, str], Runner] = {}
+
+
 class Journal:
-    """A versioned JSON document at ``ops/journal/<name>``."""
+    """A versioned JSON document at ``ops/journal/<name>``.
+
+    While a :class:`Runner` named *name* holds its locks (in this process) every write
+    carries the run's header and checks its fence in the same transaction (LockLost
+    when another run took the servers since)."""
 
     def __init__(self, store: ZooKeeperMapStore, name: str) -> None:
         if not name or "/" in name:
             raise ShardfleetError(f"journal name {name!r} must be non-empty without '/'")
-        self.store = store
-        self.path = f"{store.root}/{store.cluster}/ops/journal/{name}"
+        self.store, self.name = store, name
+        self.path = store.ops_node("journal", name)
         self.version = NO_NODE
         self.data: dict[str, Any] | None = None
 
@@ -55,10 +123,21 @@ class Journal:
         return self.data
 
     def save(self, data: dict[str, Any]) -> None:
-        """Write *data* if nobody else wrote since :meth:`load` (MapConflictError otherwise)."""
+        """Write *data* if nobody else wrote since :meth:`load` (MapConflictError otherwise;
+        LockLost when this process's run of the same name lost its locks)."""
         data = dict(data, updated_at=time.time())
-        self.version = self.store.write_raw(self.path, json.dumps(data, sort_keys=True).encode(),
-                                            self.version)
+        runner = _FENCED.get((id(self.store), self.name))
+        checks: tuple[tuple[str, int], ...] = ()
+        if runner is not None and runner.fence is not None:
+            runner.fence.check()
+            data.update(runner.header(data))
+            checks = runner.fence.checks()
+        try:
+            self.version = self.store.write_raw(
+                self.path, json.dumps(data, sort_keys=True).encode(), self.version,
+                checks=checks)
+        except FenceMoved as exc:
+            raise LockLost(f"{self.name} lost its locks: {exc}") from None
         self.data = data
 
     def step(self, name: str, **fields: Any) -> dict[str, Any]:
@@ -82,7 +161,7 @@ def pair_lock(store: ZooKeeperMapStore, name: str, *, timeout: float = 5.0,
     """Hold ``ops/locks/<name>`` for the duration; LockBusy if another holder keeps it."""
     from kazoo.exceptions import LockTimeout
 
-    path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+    path = store.ops_node("locks", name)
     lock = store.client.Lock(path, identifier or "shardfleet")
     try:
         got = lock.acquire(timeout=timeout)
@@ -122,7 +201,7 @@ def refuse_if_locked(store: ZooKeeperMapStore, servers: list[str]) -> None:
     """LockBusy when another holder keeps the lock of any of *servers* (check mode takes
     no lock, but says when one is held)."""
     for name in sorted({server_lock_name(s) for s in servers}):
-        path = f"{store.root}/{store.cluster}/ops/locks/{name}"
+        path = store.ops_node("locks", name)
         if store.children(path):
             raise LockBusy(f"another operation holds {path}; wait for it, or check the journal")
 
@@ -150,7 +229,7 @@ class InFlight:
 
 
 def journal_base(store: ZooKeeperMapStore) -> str:
-    return f"{store.root}/{store.cluster}/ops/journal"
+    return store.ops_node("journal")
 
 
 def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
@@ -168,33 +247,43 @@ def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
     return out
 
 
+HOST_PORT = re.compile(r"[^\s:/]+:\d+")
+# A journal written before the header (0.1): a split finished at these steps.
+_LEGACY_FINISHED = ("cutover", "cleanup", "aborted")
+
+
 def _kind(name: str, d: dict[str, Any]) -> str:
-    """What operation a journal records: ``split``, ``rebuild`` or ``promotion (<mode>)``."""
-    kind = str(d.get("kind") or d.get("mode") or name.split("-", 1)[0])
-    if name.startswith("split") or kind == "split":
-        return "split"
-    return "rebuild" if name.startswith("rebuild") else f"promotion ({kind})"
+    """What operation a journal records: its header's ``kind`` (before the header: the
+    name's first word, ``promote`` read as ``promotion (<mode>)``)."""
+    if "servers" in d and d.get("kind"):
+        return str(d["kind"])
+    word = name.split("-", 1)[0]
+    if word == "promote":
+        return f"promotion ({d.get('mode') or 'planned'})"
+    return word
 
 
-def _finished(name: str, d: dict[str, Any]) -> bool:
-    """A split is finished from its cutover (its cleanup is optional and touches nothing
-    the map names) or its abort; a promotion or a rebuild once it records ``done``."""
-    if _kind(name, d) == "split":
-        return str(d.get("step") or "start") in ("cutover", "cleanup", "aborted")
-    return bool(d.get("done"))
+def _finished(d: dict[str, Any]) -> bool:
+    """The header's ``done`` (before the header: ``done``, or a split past its cutover)."""
+    if "servers" in d:
+        return bool(d.get("done"))
+    return bool(d.get("done")) or str(d.get("step") or "") in _LEGACY_FINISHED
+
+
+def _servers(d: dict[str, Any]) -> list[str]:
+    """The header's ``servers`` (before the header: every ``host:port`` value it holds)."""
+    if "servers" in d:
+        return [str(s) for s in d["servers"] if s]
+    return [v for v in d.values() if isinstance(v, str) and HOST_PORT.fullmatch(v)]
 
 
 def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
-    """The operation a journal describes, when it is not finished."""
-    if _finished(name, d):
+    """The operation a journal describes, when it is not finished: read from the header
+    only (the registry knows no operation's own fields)."""
+    if _finished(d):
         return None
-    kind = _kind(name, d)
-    step = str(d.get("step") or "start")
-    if kind == "split":
-        servers = [d.get("source"), d.get("target"), d.get("target_standby")]
-    else:
-        servers = [d.get("old_master"), d.get("new_master"), d.get("node"), d.get("master")]
-    return InFlight(name, kind, step, tuple(sorted({str(s) for s in servers if s})),
+    return InFlight(name, _kind(name, d), str(d.get("step") or "start"),
+                    tuple(sorted(set(_servers(d)))),
                     float(d.get("updated_at") or d.get("started_at") or 0), d)
 
 
@@ -272,16 +361,48 @@ class Runner:
     """Run an operation's step table under its servers' locks (see the module docstring).
 
     *name* is the operation's journal name (so the registry does not refuse the
-    operation its own journal), *servers* every server it changes.
+    operation its own journal), *servers* every server it changes, *kind* what the
+    journal's header calls it, *finished_by* the steps after which the operation is
+    finished (the header's ``done``; else the operation records ``done`` itself).
     """
 
     def __init__(self, store: ZooKeeperMapStore, name: str, servers: Sequence[str], *,
-                 lock_timeout: float = 5.0, identifier: str = "") -> None:
+                 lock_timeout: float = 5.0, identifier: str = "", kind: str = "",
+                 finished_by: Sequence[str] = ()) -> None:
         self.store, self.name = store, name
         self.servers = sorted({s for s in servers if s})
         self.lock_timeout = lock_timeout
         self.identifier = identifier or name
+        self.kind = kind or name.split("-", 1)[0]
+        self.finished_by = tuple(finished_by)
+        self.fence: Fence | None = None
         self.after_step: Callable[[str], None] | None = None  # a hook for tests
+
+    def header(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The header every journal this run writes carries (see the module docstring)."""
+        step = str(data.get("step") or "start")
+        return {"kind": self.kind, "servers": self.servers, "step": step,
+                "done": bool(data.get("done")) or step in self.finished_by,
+                "epoch": self.fence.epoch if self.fence else 0}
+
+    def check_fence(self) -> None:
+        """LockLost when this run lost its locks (nothing to check in check mode)."""
+        if self.fence is not None:
+            self.fence.check()
+
+    @contextmanager
+    def _fenced(self) -> Iterator[None]:
+        """Take the fencing tokens (the locks are held) and fence this run's journal."""
+        self.fence = Fence(self.store, [server_lock_name(s) for s in self.servers],
+                           self.identifier)
+        self.fence.take()
+        key = (id(self.store), self.name)
+        _FENCED[key] = self
+        try:
+            yield
+        finally:
+            if _FENCED.get(key) is self:
+                del _FENCED[key]
 
     @contextmanager
     def held(self, prepare: Callable[[], str] | None = None, *,
@@ -303,7 +424,8 @@ class Runner:
             if prepare is not None:
                 self.name = prepare()
             refuse_if_busy(self.store, self.servers, self.name)
-            yield
+            with self._fenced():
+                yield
 
     def run(self, steps: Sequence[Step], *, check: bool = False) -> list[StepResult]:
         """Each step in order: skipped when done, described in *check* mode, else run.
@@ -318,6 +440,8 @@ class Runner:
             if check and not s.always:
                 out.append(StepResult(s.name, True, f"would {s.would or s.name}"))
                 continue
+            if not check:
+                self.check_fence()  # a run that lost its locks acts no more
             res = s.action()
             out.append(res)
             log.info("%s: %s %s", self.name, s.name, res.msg)
@@ -328,6 +452,7 @@ class Runner:
         return out
 
 
-__all__ = ["InFlight", "Journal", "LockBusy", "MapConflictError", "OperationInFlight",
-           "Runner", "Step", "StepResult", "in_flight", "journals", "pair_lock",
-           "refuse_if_busy", "refuse_if_locked", "server_lock_name", "servers_lock"]
+__all__ = ["Fence", "InFlight", "Journal", "LockBusy", "LockLost", "MapConflictError",
+           "OperationInFlight", "Runner", "Step", "StepResult", "in_flight", "journals",
+           "operations", "pair_lock", "refuse_if_busy", "refuse_if_locked", "server_lock_name",
+           "servers_lock"]
