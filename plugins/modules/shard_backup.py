@@ -9,22 +9,36 @@ DOCUMENTATION = r"""
 module: shard_backup
 short_description: Back up a MySQL node to S3, list, restore and prune its pair's backups
 description:
+  - I(mode=plan) runs on the control node: from I(report) (what C(shard_info) returned)
+    it names each pair's standby to back up, and skips, with a warning naming the pair and
+    why, a pair whose map entry has no standby or whose standby is not healthy (marked
+    C(rebuild) in the map, replication stopped, lagging beyond I(max_lag_seconds) or
+    I(max_lag_trx), unreachable or writable).
   - I(mode=backup) runs on a pair's standby. It streams
     C(mariadb-backup --backup --stream=mbstream) (backup locks, the node keeps serving and
     replicating), optionally zstd-compressed, straight into S3 by multipart upload with
     server-side encryption C(AES256), under
     C(<prefix>/<cluster>/<pair>/<backup-id>/), then writes C(manifest.json) last (GTID
-    position, size, sha256, per-shard checksums). A writable node (a master) is refused
-    unless I(allow_master). A backup that fails leaves no manifest and aborts its upload.
+    position, size, sha256, per-shard checksums). Only a healthy standby is backed up:
+    a writable node (a master) is refused unless I(allow_master); so is a node that
+    I(shard_map) marks C(rebuild) or does not name as a standby, one whose replication
+    IO or SQL thread is not running, and one further behind than I(max_lag_trx)
+    transactions or I(max_lag_seconds). A refusal uploads nothing and returns
+    C(refused=true) with the C(source) check. A backup that fails leaves no manifest and
+    aborts its upload.
   - I(mode=list) returns the pair's complete backups (those with a manifest), oldest first.
   - I(mode=restore) runs on the node to restore. It downloads the named or the latest
     backup as a stream, refuses it before touching anything when its sha256 differs from
     the manifest, prepares it, stops the server, puts the copy in place of the data
     directory, starts the server, leaves it read-only without a replication channel
     (C(gtid_slave_pos) at the backup's position) and compares every shard table's
-    checksum with the manifest.
+    checksum with the manifest. With I(zookeeper_hosts) (or I(operations), the control
+    node's read of them) a target I(node) that an operation in flight touches (an
+    unfinished split, promotion or rebuild journal) is refused before anything is read
+    or changed.
   - I(mode=prune) deletes complete backups beyond I(keep_count) that are older than
-    I(keep_days), and incomplete ones (and pending uploads) older than I(stale_hours).
+    I(keep_days), and incomplete ones (and pending uploads) older than I(stale_hours);
+    never the newest backup taken from a healthy standby.
   - I(mode=archive) runs on a pair's master. It closes the current binary log
     (C(FLUSH BINARY LOGS)) and uploads every closed one not archived yet to
     C(<prefix>/<cluster>/<pair>/binlogs/<node>/). Run it often; a restore with
@@ -38,11 +52,10 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [backup, list, restore, prune, archive]
+    choices: [plan, backup, list, restore, prune, archive]
   bucket:
-    description: The S3 bucket.
+    description: The S3 bucket (required but with I(mode=plan)).
     type: str
-    required: true
   prefix:
     description: Key prefix before C(<cluster>/<pair>/).
     type: str
@@ -52,9 +65,52 @@ options:
     type: str
     default: default
   pair:
-    description: The pair whose backups these are (part of the key).
+    description: The pair whose backups these are (part of the key; required but with
+      I(mode=plan), where it names the only pair to plan for).
     type: str
-    required: true
+  report:
+    description: I(mode=plan) the fleet report C(shard_info) returned (map, pairs, servers).
+    type: dict
+  shard_map:
+    description: I(mode=backup) the map (C(shard_info)'s C(map)); the node is refused when
+      it marks the node C(rebuild) or does not name it as a standby. Omitted, the map is
+      not checked (replication still is).
+    type: dict
+  max_lag_seconds:
+    description: I(mode=plan) and I(mode=backup) a standby further behind than this
+      (C(Seconds_Behind_Master)) is not backed up.
+    type: float
+    default: 300
+  max_lag_trx:
+    description: I(mode=plan) and I(mode=backup) a standby further behind than this many
+      transactions (by GTID; on the node, received but not applied) is not backed up.
+    type: int
+    default: 10000
+  zookeeper_hosts:
+    description: I(mode=restore) the ZooKeeper ensemble; given, a target I(node) with an
+      operation in flight is refused.
+    type: list
+    elements: str
+  operations:
+    description: I(mode=restore) without I(zookeeper_hosts), the operations in flight as
+      the control node read them (C(shard_info)'s C(operations)); a target I(node) one of
+      them touches is refused.
+    type: list
+    elements: dict
+  zookeeper_root:
+    description: I(mode=restore) the ZooKeeper root.
+    type: str
+    default: /shardfleet
+  zookeeper_user:
+    description: I(mode=restore) ZooKeeper digest user.
+    type: str
+  zookeeper_password:
+    description: I(mode=restore) its password; never logged.
+    type: str
+  zookeeper_timeout:
+    description: I(mode=restore) ZooKeeper session timeout (s).
+    type: float
+    default: 10
   endpoint_url:
     description: S3 endpoint (another region's, or an S3-compatible store); default AWS.
     type: str
@@ -109,8 +165,10 @@ options:
     type: bool
     default: true
   node:
-    description: I(mode=backup) the node's name recorded in the manifest (host:port);
-      I(mode=archive) the node whose binary logs these are (host:port, required).
+    description: I(mode=backup) the node's name recorded in the manifest and looked up in
+      I(shard_map) (host:port); I(mode=archive) the node whose binary logs these are
+      (host:port, required); I(mode=restore) the target (host:port, required with
+      I(zookeeper_hosts)).
     type: str
     default: ''
   stop_gtid:
@@ -199,6 +257,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+plan:
+  description: I(mode=plan) C(backup) (the standbys to back up, host:port) and C(skipped)
+    (each pair not backed up: pair, master, standby, reasons).
+  returned: mode=plan
+  type: dict
+refused:
+  description: I(mode=backup) true when the node was refused (nothing uploaded).
+  returned: mode=backup
+  type: bool
+from_healthy_standby:
+  description: I(mode=backup) the backup was taken from a healthy standby (retention
+    never deletes the newest such backup; prune only after one).
+  returned: mode=backup
+  type: bool
+source:
+  description: I(mode=backup) the health check of the node (role, healthy, rebuild,
+    reasons, channels).
+  returned: mode=backup
+  type: dict
 manifest:
   description: I(mode=backup) the manifest written; I(mode=restore) the manifest of the
     backup restored (or that would be, in check mode).
@@ -258,6 +335,23 @@ def _connect(module):
                                     unix_socket=p["login_unix_socket"])
 
 
+def do_plan(module):
+    from shardfleet import backup
+
+    p = module.params
+    out = backup.plan(p["report"] or {}, pair=p["pair"] or "", max_lag_seconds=p["max_lag_seconds"],
+                      max_lag_trx=p["max_lag_trx"])
+    for s in out["skipped"]:
+        module.warn(f"pair {s['pair'] or '?'} (master {s['master']}, standby "
+                    f"{s['standby'] or '-'}) is not backed up: {'; '.join(s['reasons'])}")
+    return dict(changed=False, plan=out)
+
+
+def _refused(module, exc):
+    module.fail_json(msg=str(exc), refused=True, from_healthy_standby=False,
+                     source=exc.health.to_dict() if exc.health else {})
+
+
 def do_backup(module):
     from shardfleet import physical
 
@@ -265,30 +359,38 @@ def do_backup(module):
     p = module.params
     node = p["node"] or f"{socket.getfqdn()}:3306"
     connect = _connect(module)
+    limits = dict(shard_map=p["shard_map"], max_lag_seconds=p["max_lag_seconds"],
+                  max_lag_trx=p["max_lag_trx"])
     if module.check_mode:
         conn = connect()
         try:
-            with conn.cursor() as c:
-                c.execute("SELECT @@GLOBAL.read_only")
-                ro = c.fetchone()[0]
+            health = backup.check_source(conn, node, allow_master=p["allow_master"], **limits)
         finally:
             conn.close()
-        if not ro and not p["allow_master"]:
-            raise backup.BackupRefused(f"{node} is writable (read_only=OFF): it is a master. "
-                                       "Back up the pair's standby, or pass allow_master")
-        module.exit_json(changed=True, msg=f"would back up {node} ({p['datadir']}) to "
-                                           f"s3://{loc.bucket}/{loc.root}")
+        if not health.healthy:
+            _refused(module, backup.BackupRefused(
+                f"backup of {node} refused: {'; '.join(health.reasons)}", health))
+        module.exit_json(changed=True, refused=False, source=health.to_dict(),
+                         from_healthy_standby=health.healthy_standby,
+                         msg=f"would back up {node} ({p['datadir']}) to "
+                             f"s3://{loc.bucket}/{loc.root}")
     with tempfile.TemporaryDirectory(prefix="sf-backup-") as tmp:
         cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
         argv = physical.backup_argv(defaults_file=cnf, datadir=p["datadir"],
                                     socket_path=p["login_unix_socket"], parallel=p["parallel"])
-        manifest = backup.backup(s3, loc, argv, connect=connect, node=node,
-                                 compress=p["compress"], part_size=p["part_size_mb"] << 20,
-                                 allow_master=p["allow_master"], checksums=p["checksums"])
+        try:
+            manifest = backup.backup(s3, loc, argv, connect=connect, node=node,
+                                     compress=p["compress"], part_size=p["part_size_mb"] << 20,
+                                     allow_master=p["allow_master"], checksums=p["checksums"],
+                                     **limits)
+        except backup.BackupRefused as exc:
+            _refused(module, exc)
     if not manifest["checksums_at_position"]:
         module.warn(f"backup {manifest['backup_id']} has no checksums: "
                     f"{manifest['checksums_note']}")
-    return dict(changed=True, manifest=_brief(manifest))
+    return dict(changed=True, manifest=_brief(manifest), refused=False,
+                source=manifest["source"],
+                from_healthy_standby=manifest["from_healthy_standby"])
 
 
 def _brief(manifest):
@@ -305,9 +407,31 @@ def do_list(module):
     return dict(changed=False, backups=[_brief(m) for m in backup.list_backups(s3, loc)])
 
 
+def _in_flight_check(module, backup):
+    """With zookeeper_hosts: refuse a target an operation in flight touches."""
+    from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
+        zookeeper_store,
+    )
+
+    p = module.params
+    if p["operations"] is not None and not p["zookeeper_hosts"]:
+        backup.refuse_if_in_flight(None, p["node"], p["operations"])
+    if not p["zookeeper_hosts"]:
+        return
+    if not p["node"]:
+        module.fail_json(msg="mode=restore with zookeeper_hosts needs node (host:port of "
+                             "the target)")
+    store = zookeeper_store(module)
+    try:
+        backup.refuse_if_in_flight(store, p["node"])
+    finally:
+        store.close(timeout=2)
+
+
 def do_restore(module):
     backup, loc, s3 = _setup(module)
     p = module.params
+    _in_flight_check(module, backup)
     manifest = (backup.read_manifest(s3, loc, p["backup_id"]) if p["backup_id"]
                 else backup.latest(s3, loc))
     if module.check_mode:
@@ -364,11 +488,21 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             mode=dict(type="str", required=True,
-                      choices=["backup", "list", "restore", "prune", "archive"]),
-            bucket=dict(type="str", required=True),
+                      choices=["plan", "backup", "list", "restore", "prune", "archive"]),
+            bucket=dict(type="str"),
             prefix=dict(type="str", default="shardfleet"),
             cluster=dict(type="str", default="default"),
-            pair=dict(type="str", required=True),
+            pair=dict(type="str"),
+            report=dict(type="dict"),
+            shard_map=dict(type="dict"),
+            max_lag_seconds=dict(type="float", default=300),
+            max_lag_trx=dict(type="int", default=10000),
+            operations=dict(type="list", elements="dict"),
+            zookeeper_hosts=dict(type="list", elements="str"),
+            zookeeper_root=dict(type="str", default="/shardfleet"),
+            zookeeper_user=dict(type="str"),
+            zookeeper_password=dict(type="str", no_log=True),
+            zookeeper_timeout=dict(type="float", default=10),
             endpoint_url=dict(type="str"),
             region=dict(type="str"),
             access_key=dict(type="str", no_log=True),
@@ -397,6 +531,9 @@ def main():
             stale_hours=dict(type="float", default=24),
         ),
         supports_check_mode=True,
+        required_if=[("mode", m, ("bucket", "pair"))
+                     for m in ("backup", "list", "restore", "prune", "archive")]
+        + [("mode", "plan", ("report",))],
     )
     require_library(module)
     p = module.params
@@ -407,7 +544,7 @@ def main():
                              "binlog_node, the node whose archived binary logs to replay")
     if p["stop_gtid"] and p["stop_datetime"]:
         module.fail_json(msg="give stop_gtid or stop_datetime, not both")
-    run = {"backup": do_backup, "list": do_list, "restore": do_restore,
+    run = {"plan": do_plan, "backup": do_backup, "list": do_list, "restore": do_restore,
            "prune": do_prune, "archive": do_archive}[p["mode"]]
     with library_errors(module, f"backup ({p['mode']}) of {p['pair']}"):
         out = run(module)

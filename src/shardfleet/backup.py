@@ -59,8 +59,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from shardfleet import physical, replication
+from shardfleet import physical, replication, topology
 from shardfleet.errors import ShardfleetError
+from shardfleet.shardmap import ShardMap, from_obj
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,11 @@ DEFAULT_PART_SIZE = 64 * MiB
 MIN_PART_SIZE = 5 * MiB          # S3's smallest part (but the last)
 MANIFEST = "manifest.json"
 BINLOGS = "binlogs"               # <root>binlogs/<node>/: the binlog archive
-FORMAT = 1
+FORMAT = 2                        # 2: the manifest says what it was taken from (source)
+# A standby further behind than this is not backed up (what it received but did not apply,
+# by GTID; and its own Seconds_Behind_Master): a backup is only as fresh as its source.
+MAX_LAG_TRX = 10_000
+MAX_LAG_SECONDS = 300
 SSE = "AES256"
 READ = 1 * MiB                   # bytes read from a pipe at a time
 SHARD_DB = re.compile(r"^db\d{5}$")
@@ -89,8 +94,13 @@ class BackupFailed(ShardfleetError):
 
 
 class BackupRefused(BackupFailed):
-    """Raised by :func:`backup` before anything starts: the node is writable (a master)
-    and ``allow_master`` was not given."""
+    """Raised by :func:`backup` before anything starts, nothing uploaded: the node is not
+    a healthy standby (:func:`check_source`: writable and ``allow_master`` not given,
+    marked for rebuild in the map, replication stopped or lagging). ``health`` says why."""
+
+    def __init__(self, msg: str, health: SourceHealth | None = None) -> None:
+        super().__init__(msg)
+        self.health = health
 
 
 class RestoreFailed(ShardfleetError):
@@ -145,6 +155,29 @@ class Restored:
     seconds: float
     checksums_verified: int      # tables whose checksum matched the manifest
     note: str = ""
+
+
+@dataclass
+class SourceHealth:
+    """What :func:`check_source` found about a node to back up. ``healthy``: it may be
+    backed up; ``reasons`` why not (empty when healthy)."""
+
+    node: str
+    healthy: bool
+    role: str                    # "standby" (read-only) or "master" (writable)
+    rebuild: bool = False        # the map marks it for rebuild
+    reasons: list[str] = field(default_factory=list)
+    channels: list[dict[str, Any]] = field(default_factory=list)
+    checked: str = ""
+
+    @property
+    def healthy_standby(self) -> bool:
+        return self.healthy and self.role == "standby"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "healthy": self.healthy, "role": self.role,
+                "rebuild": self.rebuild, "reasons": list(self.reasons),
+                "channels": list(self.channels), "checked": self.checked}
 
 
 def new_backup_id(now: datetime | None = None) -> str:
@@ -304,6 +337,137 @@ class _Snapshot:
             self.error = f"snapshot failed: {exc}"
 
 
+# -- the source's health ---------------------------------------------------------------------
+
+def _as_map(shard_map: ShardMap | dict[str, Any] | None) -> ShardMap | None:
+    if shard_map is None or isinstance(shard_map, ShardMap):
+        return shard_map
+    return from_obj(shard_map)
+
+
+def map_problems(shard_map: ShardMap | dict[str, Any] | None, node: str, *,
+                 allow_master: bool = False) -> tuple[bool, list[str]]:
+    """(marked for rebuild, reasons) for backing up *node* by the map: the map marks it
+    ``rebuild`` (an emergency promotion left it as the standby; its data diverged), or the
+    map does not name it as a standby (as a master only with *allow_master*)."""
+    m = _as_map(shard_map)
+    if m is None:
+        return False, []
+    marked = any(r.extra.get("rebuild") == node for r in m.ranges)
+    reasons = []
+    if marked:
+        reasons.append(f"{node} is marked for rebuild in the map (an emergency promotion "
+                       "left it behind; its data diverged): rebuild it first "
+                       "(playbooks/rebuild-standby.yml), then back it up")
+    standby_of = [r for r in m.ranges if r.standby == node]
+    master_of = [r for r in m.ranges if r.master == node]
+    if not standby_of and not (allow_master and master_of):
+        reasons.append(f"the map does not name {node} as the standby of any range")
+    return marked, reasons
+
+
+def channel_problems(channels: list[dict[str, Any]], *, max_lag_seconds: float,
+                     max_lag_trx: int) -> list[str]:
+    """Why a standby with these replication channels (:class:`topology.ReplicaChannel` as
+    dicts, ``trx_behind`` when known) is not healthy: none; a channel whose IO or SQL
+    thread is not running; one further behind than the bounds."""
+    if not channels:
+        return ["it has no replication channel (it replicates from nobody)"]
+    out = []
+    for ch in channels:
+        name = f"channel {ch.get('connection')!r}" if ch.get("connection") else "its channel"
+        io, sql = ch.get("io_running") or "?", ch.get("sql_running") or "?"
+        if io != "Yes" or sql != "Yes":
+            err = f": {ch['last_error']}" if ch.get("last_error") else ""
+            out.append(f"replication is stopped on {name} from {ch.get('source')} "
+                       f"(IO thread {io}, SQL thread {sql}){err}")
+            continue
+        behind = ch.get("seconds_behind")
+        if behind is not None and float(behind) > max_lag_seconds:
+            out.append(f"{name} is {behind} s behind its master (bound {max_lag_seconds:g} s)")
+        trx = ch.get("trx_behind")
+        if trx is not None and int(trx) > max_lag_trx:
+            out.append(f"{name} is {trx} transactions behind its master (bound {max_lag_trx})")
+    return out
+
+
+def _received_not_applied(channel: topology.ReplicaChannel, applied: str) -> int | None:
+    """Transactions *channel* received (``Gtid_IO_Pos``) that the server has not applied
+    (*applied*: ``gtid_current_pos``), summed over the channel's domains."""
+    try:
+        got = replication.parse_gtids(channel.gtid_io_pos)
+        have = replication.parse_gtids(applied)
+    except ShardfleetError:
+        return None
+    return sum(max(0, seq - have.get(d, (0, 0))[1]) for d, (_, seq) in got.items())
+
+
+def check_source(conn: Any, node: str, *, shard_map: ShardMap | dict[str, Any] | None = None,
+                 allow_master: bool = False, max_lag_seconds: float = MAX_LAG_SECONDS,
+                 max_lag_trx: int = MAX_LAG_TRX) -> SourceHealth:
+    """Whether *node* (*conn* an admin connection to it) may be backed up: a read-only
+    node the map (when given) names as a standby and does not mark for rebuild, every
+    replication channel's IO and SQL threads running, no further behind than the bounds
+    (transactions received but not applied, by GTID; ``Seconds_Behind_Master``). A
+    writable node is a master: healthy only with *allow_master* (and then not checked
+    as a replica). Replication state is read through :mod:`shardfleet.topology`."""
+    ro = replication.is_read_only(conn)
+    role = "standby" if ro else "master"
+    marked, reasons = map_problems(shard_map, node, allow_master=allow_master)
+    channels: list[dict[str, Any]] = []
+    if not ro and not allow_master:
+        reasons.insert(0, f"{node} is writable (read_only=OFF): it is a master. Back up the "
+                          "pair's standby, or pass allow_master")
+    elif ro:
+        applied = replication.gtid_applied(conn)
+        for ch in topology.replica_channels(conn, topology.server_dialect(conn)):
+            d = {k: getattr(ch, k) for k in ("connection", "source", "io_running",
+                                             "sql_running", "seconds_behind", "last_error")}
+            d["trx_behind"] = _received_not_applied(ch, applied)
+            channels.append(d)
+        reasons += channel_problems(channels, max_lag_seconds=max_lag_seconds,
+                                    max_lag_trx=max_lag_trx)
+    return SourceHealth(node=node, healthy=not reasons, role=role, rebuild=marked,
+                        reasons=reasons, channels=channels, checked=_now())
+
+
+def plan(report: dict[str, Any], *, pair: str = "", max_lag_seconds: float = MAX_LAG_SECONDS,
+         max_lag_trx: int = MAX_LAG_TRX) -> dict[str, Any]:
+    """Which node of each pair to back up, from a fleet report (``shard_info`` /
+    :func:`shardfleet.status.collect`: the map's pairs and every server's state, read from
+    the control node): ``{"backup": [standby, ...], "skipped": [{pair, master, standby,
+    reasons}]}``. A pair is skipped when its map entry has no standby or the standby is
+    not healthy by :func:`map_problems` and :func:`channel_problems` (the backup itself
+    checks the node again, on the node, before it starts). *pair*: only the pair of that
+    name (the report's labels)."""
+    m = report.get("map")
+    out: dict[str, Any] = {"backup": [], "skipped": []}
+    for p in report.get("pairs") or []:
+        if pair and p.get("name") != pair:
+            continue
+        standby = p.get("standby")
+        entry = {"pair": p.get("name"), "master": p.get("master"), "standby": standby}
+        if not standby:
+            reasons = ["the map names no standby (rebuild one first: "
+                       "playbooks/rebuild-standby.yml)"]
+        else:
+            reasons = map_problems(m, standby)[1]
+            st = p.get("standby_state") or {}
+            if not st.get("reachable"):
+                reasons.append(f"{standby} does not answer: {st.get('error') or 'no state'}")
+            elif not st.get("read_only"):
+                reasons.append(f"{standby} is writable (read_only=OFF)")
+            else:
+                chans = [dict(c, trx_behind=c.get("trx_behind")) for c in st.get("replicas") or []]
+                reasons += channel_problems(chans, max_lag_seconds=max_lag_seconds,
+                                            max_lag_trx=max_lag_trx)
+        if reasons:
+            out["skipped"].append(dict(entry, reasons=reasons))
+        elif standby not in out["backup"]:
+            out["backup"].append(standby)
+    return out
+
+
 # -- S3 -------------------------------------------------------------------------------------
 
 class _Upload:
@@ -415,21 +579,30 @@ def backup(s3: Any, loc: Location, argv: list[str], *, connect: Callable[[], Any
            node: str, compress: bool = False, part_size: int = DEFAULT_PART_SIZE,
            allow_master: bool = False, checksums: bool = True,
            backup_id: str | None = None,
-           progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+           progress: Callable[[Progress], None] | None = None,
+           shard_map: ShardMap | dict[str, Any] | None = None,
+           max_lag_seconds: float = MAX_LAG_SECONDS,
+           max_lag_trx: int = MAX_LAG_TRX) -> dict[str, Any]:
     """Back up the node *argv* (:func:`shardfleet.physical.backup_argv`) reads into S3 at
     *loc*; returns the manifest. *connect* gives an admin connection to the same node
-    (the read_only check, the snapshot, the checksums). Refuses a writable node unless
-    *allow_master*. Raises :class:`BackupFailed` with nothing complete left in S3."""
+    (the health check, the snapshot, the checksums). Refuses (:class:`BackupRefused`,
+    nothing uploaded) a node that is not a healthy standby (:func:`check_source`, with
+    *shard_map*, the map as the control node read it, for its rebuild marks), a writable
+    one unless *allow_master*. The manifest records the check (``source``,
+    ``from_healthy_standby``: what :func:`retention` protects). Raises
+    :class:`BackupFailed` with nothing complete left in S3."""
     if part_size < MIN_PART_SIZE:
         raise BackupFailed(f"part_size {part_size} is below S3's minimum of {MIN_PART_SIZE}")
     conn = connect()
     try:
+        health = check_source(conn, node, shard_map=shard_map, allow_master=allow_master,
+                              max_lag_seconds=max_lag_seconds, max_lag_trx=max_lag_trx)
+        if not health.healthy:
+            raise BackupRefused(f"backup of {node} refused, nothing uploaded: "
+                                + "; ".join(health.reasons), health)
         with conn.cursor() as c:
-            c.execute("SELECT @@GLOBAL.read_only, @@GLOBAL.log_bin, VERSION()")
-            ro, log_bin, version = c.fetchone()
-        if not ro and not allow_master:
-            raise BackupRefused(f"{node} is writable (read_only=OFF): it is a master. Back "
-                                "up the pair's standby, or pass allow_master")
+            c.execute("SELECT @@GLOBAL.log_bin, VERSION()")
+            log_bin, version = c.fetchone()
         if not log_bin:
             raise BackupRefused(f"{node} has no binary log: a backup would carry no position")
         bid = backup_id or new_backup_id()
@@ -461,6 +634,7 @@ def backup(s3: Any, loc: Location, argv: list[str], *, connect: Callable[[], Any
             "part_size": part_size, "sse": SSE,
             "position": {"gtid": gtid, "binlog_file": bfile, "binlog_pos": bpos},
             "checksums": None, "checksums_at_position": False, "checksums_note": "",
+            "source": health.to_dict(), "from_healthy_standby": health.healthy_standby,
         }
         if snap is None:
             manifest["checksums_note"] = "not asked for (checksums=false)"
@@ -676,7 +850,8 @@ def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
             start: Callable[[], Any], connect: Callable[[], Any],
             backup_id: str | None = None, owner: str | None = None,
             use_memory: str = "256M", verify: bool = True,
-            allow_master: bool = False) -> Restored:
+            allow_master: bool = False, store: Any = None, node: str = "",
+            operations: list[dict[str, Any]] | None = None) -> Restored:
     """Restore *backup_id* (default: the latest complete one) into the node whose data
     directory is *datadir* (*stop*/*start* the server; *connect* an admin connection
     once it runs). The target is touched only after the object's sha256 matched the
@@ -685,7 +860,12 @@ def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
     table's checksum with the manifest (:class:`RestoreFailed` listing the differences;
     the data stays in place for the operator to look at). A target that answers and is
     writable (a master) is refused unless *allow_master*; one that does not answer is
-    restored (a node being rebuilt)."""
+    restored (a node being rebuilt). With *store* (the map's ZooKeeper store) a target
+    *node* (``host:port``) that an unfinished operation touches (its journal in the
+    registry of operations in flight) is refused before anything is read; without one,
+    *operations* is that registry as read elsewhere (:func:`refuse_if_in_flight`)."""
+    if store is not None or operations is not None:
+        refuse_if_in_flight(store, node, operations)
     manifest = read_manifest(s3, loc, backup_id) if backup_id else latest(s3, loc)
     if not allow_master:
         _refuse_writable(connect, datadir)
@@ -733,6 +913,29 @@ def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
         conn.close()
     return Restored(backup_id=bid, position=pos, bytes=n,
                     seconds=time.monotonic() - t0, checksums_verified=verified, note=note)
+
+
+def refuse_if_in_flight(store: Any, node: str,
+                       operations: list[dict[str, Any]] | None = None) -> None:
+    """:class:`RestoreRefused` when an operation in flight (:func:`shardfleet.ops.in_flight`
+    of *store*: a split, promotion or rebuild whose journal is unfinished) touches *node*:
+    a restore would replace the data under its steps. Without a store, *operations* is
+    that registry as the control node read it (``shard_info``'s ``operations``: name,
+    kind, step, servers)."""
+    if not node:
+        raise RestoreRefused("a restore checked against the operations in flight needs the "
+                             "target node (host:port); nothing was changed")
+    if store is not None:
+        from shardfleet import ops  # ZooKeeper only where a store is given
+
+        busy = [op.describe() for op in ops.in_flight(store) if node in op.servers]
+    else:
+        busy = [f"{o.get('kind')} {o.get('name')} (step {o.get('step')}, on "
+                f"{', '.join(o.get('servers') or [])})" for o in operations or []
+                if node in (o.get("servers") or [])]
+    if busy:
+        raise RestoreRefused(f"an operation is in flight on {node}: " + "; ".join(busy)
+                             + ". Finish or abort it first; nothing was changed")
 
 
 def _refuse_writable(connect: Callable[[], Any], datadir: str) -> None:
@@ -947,11 +1150,14 @@ def _merge(*positions: str) -> str:
 
 def retention(s3: Any, loc: Location, *, keep_count: int, keep_days: float = 0,
               stale_hours: float = 24, now: datetime | None = None,
-              check: bool = False) -> dict[str, list[str]]:
+              check: bool = False) -> dict[str, Any]:
     """Delete the pair's complete backups that are neither among the newest *keep_count*
     nor younger than *keep_days* days; delete incomplete ones (no manifest) and abort
     pending multipart uploads older than *stale_hours* (a running backup is younger).
-    The newest complete backup is always kept. *check*: only say what would go."""
+    The newest complete backup is always kept, and so is the newest one taken from a
+    healthy standby (its manifest's ``from_healthy_standby``; ``protected``), whatever the
+    count: newer backups of a master (``allow_master``), or from before manifests said,
+    never push the last good one out. *check*: only say what would go."""
     if keep_count < 1:
         raise ShardfleetError("retention: keep_count must be at least 1 (the newest "
                               "complete backup is never deleted)")
@@ -959,16 +1165,20 @@ def retention(s3: Any, loc: Location, *, keep_count: int, keep_days: float = 0,
     stale = now - timedelta(hours=stale_hours)
     complete: list[tuple[str, datetime]] = []
     incomplete: list[str] = []
+    healthy: list[str] = []
     for bid in _prefixes(s3, loc):
         objs = _objects(s3, loc.bucket, loc.key(bid))
         if any(o["Key"] == loc.key(bid, MANIFEST) for o in objs):
             m = read_manifest(s3, loc, bid)
             complete.append((bid, datetime.fromisoformat(m["finished"])))
+            if m.get("from_healthy_standby") is True:
+                healthy.append(bid)
         elif objs and _started(bid, max(o["LastModified"] for o in objs)) < stale:
             incomplete.append(bid)
     complete.sort(key=lambda x: x[0])
+    protected = max(healthy) if healthy else None
     old = [bid for bid, fin in complete[:-keep_count]
-           if keep_days <= 0 or fin < now - timedelta(days=keep_days)]
+           if (keep_days <= 0 or fin < now - timedelta(days=keep_days)) and bid != protected]
     aborted: list[str] = []
     for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=loc.bucket,
                                                                     Prefix=loc.root):
@@ -987,7 +1197,7 @@ def retention(s3: Any, loc: Location, *, keep_count: int, keep_days: float = 0,
             for k in keys:
                 s3.delete_object(Bucket=loc.bucket, Key=k)
     return {"deleted": old, "deleted_incomplete": incomplete, "aborted_uploads": aborted,
-            "kept": [bid for bid, _ in complete if bid not in old]}
+            "kept": [bid for bid, _ in complete if bid not in old], "protected": protected}
 
 
 def _started(backup_id: str, fallback: datetime) -> datetime:
@@ -1017,5 +1227,6 @@ def s3_client(*, endpoint_url: str | None = None, region: str | None = None,
 
 
 __all__ = ["BackupFailed", "BackupRefused", "Location", "Progress", "RestoreFailed",
-           "RestoreRefused", "Restored", "StreamWatcher", "backup", "list_backups",
+           "RestoreRefused", "Restored", "SourceHealth", "StreamWatcher", "backup",
+           "check_source", "list_backups", "plan", "refuse_if_in_flight",
            "latest", "read_manifest", "restore", "retention", "s3_client", "new_backup_id"]

@@ -266,11 +266,15 @@ def test_a_corrupted_backup_is_refused_and_the_target_is_untouched(pair, s3, loc
                        start=fresh.start, connect=fresh.connect, backup_id="nope")
 
 
-def _fake(s3: Any, loc: Location, bid: str, finished: datetime, manifest: bool = True) -> None:
+def _fake(s3: Any, loc: Location, bid: str, finished: datetime, manifest: bool = True,
+          healthy: bool | None = None) -> None:
     s3.put_object(Bucket=loc.bucket, Key=loc.key(bid, "backup.mbstream"), Body=b"x")
     if manifest:
-        s3.put_object(Bucket=loc.bucket, Key=loc.key(bid, "manifest.json"), Body=json.dumps(
-            {"backup_id": bid, "finished": finished.isoformat()}).encode())
+        m: dict[str, Any] = {"backup_id": bid, "finished": finished.isoformat()}
+        if healthy is not None:  # None: a manifest from before the field
+            m["from_healthy_standby"] = healthy
+        s3.put_object(Bucket=loc.bucket, Key=loc.key(bid, "manifest.json"),
+                      Body=json.dumps(m).encode())
 
 
 def test_retention_by_count_and_age_keeps_the_newest_and_removes_stale_incomplete(s3, loc):
@@ -484,3 +488,172 @@ def test_point_in_time_restore_when_a_domain_did_not_move_after_the_backup(
     assert rows == set(before), f"replayed {sorted(rows)}; before the point {before}, " \
                                 f"after it {after}"
     assert fresh.sql("SELECT @@GLOBAL.gtid_slave_pos")[0][0] == out["position"]
+
+
+# -- defect 2: only a healthy standby is backed up -----------------------------------------
+
+def flipped_map(master: MariaDBServer, standby: MariaDBServer) -> dict[str, Any]:
+    """The map an emergency promotion leaves: the old master named as the standby, with
+    the ``rebuild`` mark (it diverged and boots read_only)."""
+    return {"mod_shard_count": 8, "ranges": [
+        {"range": [0, 3], "master": master.address, "standby": standby.address,
+         "state": "open", "rebuild": standby.address},
+        {"range": [4, 7], "master": master.address, "standby": standby.address,
+         "state": "closed", "rebuild": standby.address}]}
+
+
+def healthy_map(master: MariaDBServer, standby: MariaDBServer) -> dict[str, Any]:
+    out = flipped_map(master, standby)
+    for r in out["ranges"]:
+        del r["rebuild"]
+    return out
+
+
+def test_a_standby_marked_for_rebuild_in_the_map_is_refused_and_nothing_uploaded(pair, s3, loc):
+    master, standby = roles(pair)
+    with pytest.raises(BackupRefused, match="marked for rebuild") as e:
+        take(s3, loc, standby, shard_map=flipped_map(master, standby))
+    assert not e.value.health.healthy and e.value.health.rebuild  # type: ignore[attr-defined]
+    assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+    # the same node, the map healthy: backed up, and the manifest says from what
+    m = take(s3, loc, standby, shard_map=healthy_map(master, standby))
+    assert m["from_healthy_standby"] is True and m["source"]["role"] == "standby", m
+    assert m["source"]["channels"] and not m["source"]["reasons"], m["source"]
+
+
+@pytest.mark.parametrize("thread", ["SQL_THREAD", "IO_THREAD"])
+def test_a_standby_whose_replication_is_stopped_is_refused_and_nothing_uploaded(
+        pair, s3, loc, thread):
+    master, standby = roles(pair)
+    standby.sql(f"STOP SLAVE {thread}")
+    try:
+        with pytest.raises(BackupRefused, match=r"replication .*stopped") as e:
+            take(s3, loc, standby)
+        assert not e.value.health.healthy  # type: ignore[attr-defined]
+        assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+    finally:
+        standby.sql("START SLAVE")
+    wait_applied(standby, master)
+
+
+def test_a_lagging_standby_is_refused_beyond_the_bound(pair, s3, loc):
+    """Received but not applied (MASTER_DELAY holds the events): beyond max_lag_trx the
+    backup is refused; within it, taken."""
+    master, standby = roles(pair)
+    standby.sql("STOP SLAVE")
+    standby.sql("CHANGE MASTER TO MASTER_DELAY = 600")
+    standby.sql("START SLAVE")
+    try:
+        for _ in range(3):
+            master.sql("INSERT INTO db00000.pins (body) VALUES ('{\"lag\": true}')")
+        want = master.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+        deadline = time.monotonic() + 30
+        while not replication.gtid_covers(tp.channel(standby).get("Gtid_IO_Pos") or "", want):
+            assert time.monotonic() < deadline, "the standby did not receive the writes"
+            time.sleep(0.1)
+        with pytest.raises(BackupRefused, match=r"behind") as e:
+            take(s3, loc, standby, max_lag_trx=2)
+        assert not e.value.health.healthy  # type: ignore[attr-defined]
+        assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+    finally:
+        standby.sql("STOP SLAVE")
+        standby.sql("CHANGE MASTER TO MASTER_DELAY = 0")
+        standby.sql("START SLAVE")
+    wait_applied(standby, master)
+
+
+def test_retention_never_deletes_the_last_backup_from_a_healthy_standby(s3, loc):
+    """Newer backups that were not taken from a healthy standby (a master's with
+    allow_master, or ones from before the manifests said) do not push the last healthy
+    one out, whatever keep_count says."""
+    now = datetime.now(UTC)
+    bids = [f"{now - timedelta(days=5 - i):%Y%m%dT%H%M%SZ}-00000{i}" for i in range(4)]
+    for i, bid in enumerate(bids):
+        _fake(s3, loc, bid, now - timedelta(days=5 - i),
+              healthy=None if i == 0 else (i == 1))
+    out = backup.retention(s3, loc, keep_count=1)
+    assert out["deleted"] == [bids[0], bids[2]], out
+    assert out["kept"] == [bids[1], bids[3]], out
+    assert out["protected"] == bids[1], out
+
+
+def run_backup_playbook(pair, zk_store, zookeeper, tmp_path) -> tuple[str, dict[str, str]]:
+    """backup.yml's first play (the control node's, --limit) against *zk_store*'s map:
+    its output and the inventory names by address."""
+    hosts = {f"sf-test-{i}": {"shardfleet_pair": tp.PAIR, "shardfleet_address": "127.0.0.1",
+                              "mysql_port": s.port} for i, s in enumerate(pair)}
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps({"all": {"children": {"mysql": {"hosts": hosts}}, "hosts": {
+        "localhost": {"ansible_connection": "local",
+                      "ansible_python_interpreter": sys.executable}}}}))
+    extra = {"backup_zookeeper_hosts": [zookeeper.address], "backup_cluster": zk_store.cluster,
+             "mysql_admin_user": "root", "mysql_admin_password": MariaDBServer.root_password,
+             "zookeeper_admin_password": ""}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv),
+                        "--limit", "localhost", "-e", json.dumps(extra), "-v",
+                        str(REPO / "playbooks" / "backup.yml")],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert MariaDBServer.root_password not in out
+    return out, {s.address: h for h, s in zip(hosts, pair, strict=True)}
+
+
+def test_backup_playbook_after_an_emergency_flip_backs_up_nobody_and_warns(
+        pair, zk_store, zookeeper, tmp_path):
+    """The map an emergency promotion leaves names the old master as the standby, marked
+    for rebuild: it is not backed up, and the run warns (an Ansible warning, not a line
+    of debug output) that the pair has no healthy standby."""
+    from shardfleet.shardmap import from_obj
+
+    master, standby = roles(pair)
+    v = zk_store.read()
+    zk_store.write(from_obj(flipped_map(master, standby)), v.version)
+    out, name = run_backup_playbook(pair, zk_store, zookeeper, tmp_path)
+    added = set(re.findall(r"groups:\s+- (\w+)\s+host_name: (\S+)", out))
+    assert added == {("backup_masters", name[master.address])}, out[-3000:]
+    assert re.search(r"\[WARNING\]: .*pair009.*marked for rebuild", out), out[-3000:]
+
+
+def test_a_restore_onto_a_node_with_an_operation_in_flight_is_refused(zk_store, s3, loc, fresh):
+    from shardfleet import ops
+
+    j = ops.Journal(zk_store, "rebuild-pairX")
+    j.load()
+    j.save({"kind": "rebuild", "node": fresh.address, "master": "127.0.0.1:1", "step": "copied",
+            "done": False})
+    marker(fresh)
+    listing = sorted(p.name for p in fresh.datadir.iterdir())
+    try:
+        with pytest.raises(RestoreRefused, match=r"in flight.*rebuild-pairX.*nothing was changed"):
+            backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                           start=fresh.start, connect=fresh.connect, store=zk_store,
+                           node=fresh.address)
+    finally:
+        j.delete()
+    assert fresh.running and fresh.sql("SHOW DATABASES LIKE 'sf_marker'")
+    assert sorted(p.name for p in fresh.datadir.iterdir()) == listing
+
+
+def test_the_module_refuses_a_rebuild_marked_standby_with_result_fields(pair, s3, loc,
+                                                                        s3_server, tmp_path):  # noqa: F811
+    """The playbook branches on the module's fields (refused, from_healthy_standby),
+    never on its message."""
+    from .test_modules import run_module
+
+    master, standby = roles(pair)
+    args = {"bucket": loc.bucket, "prefix": loc.prefix, "cluster": loc.cluster,
+            "pair": loc.pair, "endpoint_url": s3_server.url, "region": REGION,
+            "access_key": "testing", "secret_key": "testing", "login_user": "root",
+            "login_password": MariaDBServer.root_password,
+            "login_unix_socket": str(standby.socket), "datadir": str(standby.datadir),
+            "node": standby.address, "parallel": 2, "part_size_mb": 5, "mode": "backup",
+            "shard_map": flipped_map(master, standby)}
+    for check in (True, False):
+        r, _ = run_module(tmp_path, "shard_backup", args, check=check)
+        assert r.get("failed") and r["refused"] is True, r
+        assert r["from_healthy_standby"] is False and r["source"]["rebuild"] is True, r
+    assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+    r, _ = run_module(tmp_path, "shard_backup", dict(args, shard_map=healthy_map(master, standby)))
+    assert r.get("changed") and r["refused"] is False and r["from_healthy_standby"] is True, r
