@@ -217,19 +217,27 @@ class Listening:
     """Whether a standby still hears its master: the evidence an emergency promotion
     weighs when the master does not answer the control node.
 
-    The standby's channel is read while the master is probed, every 50 ms, until a
-    deadline. The master is heard when what the channel received
-    (:func:`replication.heard`: position, heartbeats, GTIDs) changed at least twice: one
-    change can be the last bytes of a master that just died, still in flight. It is not
-    heard when the I/O thread is not connected, or nothing changed twice within three
-    heartbeat periods (``Slave_heartbeat_period``; ``replication.HEARTBEAT_PERIOD`` on the
-    channels the fleet creates) plus half a second, at most ``Options.silence_timeout``.
+    Silence is measured over a window, never read from one sample. The standby's channel
+    is read while the master is probed, every 50 ms, until a deadline. The master is
+    heard when what the channel received (:func:`replication.heard`: connected or not,
+    position, heartbeats, GTIDs) changed at least twice: one change can be the last bytes
+    of a master that just died, still in flight. A channel ``Connecting`` (a blip cut it,
+    and it waits out its retry period) is first told to retry at once
+    (:func:`replication.reconnect_now`), so a live master it can reach is heard within the
+    window. It is not heard when the I/O thread is stopped, when the master's host refuses
+    the standby's connection (no server listens there), or when nothing changed twice
+    within three heartbeat periods (``Slave_heartbeat_period``;
+    ``replication.HEARTBEAT_PERIOD`` on the channels the fleet creates) plus half a second,
+    at most ``Options.silence_timeout``.
     """
 
     def __init__(self, conn: Any, opts: Options) -> None:
         self.conn, self.opts = conn, opts
-        self.t0 = time.monotonic()
         ch = _channel(conn)
+        if ch is not None and ch.get("Slave_IO_Running") in ("Connecting", "Preparing"):
+            replication.reconnect_now(conn, str(ch.get("Connection_name") or ""))
+            ch = _channel(conn)
+        self.t0 = time.monotonic()
         self.seen = [replication.heard(ch)]
         period = float((ch or {}).get("Slave_heartbeat_period") or 0.0)
         self.window = min(3 * period + 0.5, opts.silence_timeout) if period > 0 \
@@ -241,12 +249,15 @@ class Listening:
         deadline = self.t0 + self.window
         while self.seen[-1] is not None:
             if len(self.seen) >= 3:
-                return (f"{len(self.seen) - 1} changes of its I/O position or heartbeat "
-                        f"count in {time.monotonic() - self.t0:.1f}s")
+                return (f"{len(self.seen) - 1} changes of its connection, I/O position or "
+                        f"heartbeat count in {time.monotonic() - self.t0:.1f}s")
             if stop() or time.monotonic() >= deadline:
                 return ""
             time.sleep(0.05)
-            now = replication.heard(_channel(self.conn))
+            ch = _channel(self.conn)
+            if replication.refused(ch):
+                return ""
+            now = replication.heard(ch)
             if now is None or now != self.seen[-1]:
                 self.seen.append(now)
         return ""

@@ -8,6 +8,7 @@ connection. Positions are compared by GTID, never by ``Seconds_Behind_Master``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -143,13 +144,39 @@ def set_heartbeat(conn: Any, name: str = "", period: float = HEARTBEAT_PERIOD) -
 
 def heard(channel: dict[str, Any] | None) -> tuple[Any, ...] | None:
     """What a replica channel (a ``SHOW ALL SLAVES STATUS`` row) has received from its
-    master so far: position read, heartbeats counted, GTIDs received. It changes while the
-    master sends anything, events or heartbeats. None when the I/O thread is not connected
-    (the replica itself has lost the master)."""
-    if not channel or channel.get("Slave_IO_Running") != "Yes":
+    master so far: whether its I/O thread is connected, position read, heartbeats counted,
+    GTIDs received. It changes while the master sends anything (events or heartbeats) and
+    when the thread reconnects. None when there is no channel or its I/O thread is
+    stopped (``No``: it will hear nothing); a thread ``Connecting`` (between two retries
+    after a blip) or ``Preparing`` is still listening, so silence is only what does not
+    change over time."""
+    if not channel or channel.get("Slave_IO_Running") in (None, "No"):
         return None
-    return (channel.get("Master_Log_File"), channel.get("Read_Master_Log_Pos"),
-            channel.get("Slave_received_heartbeats"), channel.get("Gtid_IO_Pos"))
+    return (channel.get("Slave_IO_Running"), channel.get("Master_Log_File"),
+            channel.get("Read_Master_Log_Pos"), channel.get("Slave_received_heartbeats"),
+            channel.get("Gtid_IO_Pos"))
+
+
+# a replica's connect error when its master's host answered with a reset: the port is
+# closed, no server listens there (errno 111, ECONNREFUSED)
+_REFUSED = re.compile(r"\(111\b|Connection refused")
+
+
+def refused(channel: dict[str, Any] | None) -> bool:
+    """The channel's I/O thread is not connected and its last attempt was refused by the
+    master's host (nothing listens on the port: the server is not running)."""
+    if not channel or channel.get("Slave_IO_Running") == "Yes":
+        return False
+    return int(channel.get("Last_IO_Errno") or 0) == 2003 \
+        and bool(_REFUSED.search(str(channel.get("Last_IO_Error") or "")))
+
+
+def reconnect_now(conn: Any, name: str = "") -> None:
+    """Restart channel *name*'s I/O thread, so a thread waiting out its retry period
+    (``Connecting`` after a blip; the fleet's is 10 s) tries its master at once."""
+    with conn.cursor() as c:
+        c.execute(slave_sql("STOP", name, "IO_THREAD"))
+        c.execute(slave_sql("START", name, "IO_THREAD"))
 
 
 def is_read_only(conn: Any) -> bool:

@@ -633,3 +633,66 @@ def test_a_run_that_lost_its_session_acts_no_more(pair, zk_store, zookeeper, mon
                            expect_master=standby.address, opts=opts())
     assert back.changed and roles(pair) == (master, standby)
     wait_applied(standby, master)
+
+
+@contextlib.contextmanager
+def standby_between_retries(master: MariaDBServer, standby: MariaDBServer,
+                            retry: int = 60) -> Iterator[None]:
+    """A blip between the standby and its live master: the standby's connection is cut
+    and its first reconnect refused, so its I/O thread sits in ``Connecting`` for its
+    whole retry period (the fleet's is 10 s) while the master is alive and reachable."""
+    standby.sql("STOP SLAVE")
+    standby.sql(f"CHANGE MASTER TO MASTER_CONNECT_RETRY = {retry}, "
+                f"MASTER_HEARTBEAT_PERIOD = {replication.HEARTBEAT_PERIOD}")
+    standby.sql("START SLAVE")
+    deadline = time.monotonic() + 30
+    while channel(standby).get("Slave_IO_Running") != "Yes":
+        assert time.monotonic() < deadline, channel(standby)
+        time.sleep(0.05)
+    def account(how: str) -> None:  # on the master only (not binlogged)
+        conn = master.connect()
+        try:
+            with conn.cursor() as c:
+                c.execute("SET SESSION sql_log_bin=0")
+                c.execute(f"ALTER USER '{REPL_USER}'@'%' ACCOUNT {how}")
+        finally:
+            conn.close()
+
+    account("LOCK")
+    try:
+        for (tid,) in master.sql("SELECT ID FROM information_schema.PROCESSLIST "
+                                 "WHERE COMMAND LIKE 'Binlog Dump%%'"):
+            with contextlib.suppress(pymysql.err.MySQLError):
+                master.sql(f"KILL {int(tid)}")
+        while not (ch := channel(standby)).get("Last_IO_Errno"):
+            assert time.monotonic() < deadline, f"the standby did not lose its master: {ch}"
+            time.sleep(0.05)
+        assert ch.get("Slave_IO_Running") == "Connecting", ch
+    finally:
+        account("UNLOCK")
+    try:
+        yield
+    finally:
+        standby.sql("STOP SLAVE")
+        standby.sql("CHANGE MASTER TO MASTER_CONNECT_RETRY = 1, "
+                    f"MASTER_HEARTBEAT_PERIOD = {replication.HEARTBEAT_PERIOD}")
+        standby.sql("START SLAVE")
+
+
+def test_emergency_hears_a_standby_that_is_reconnecting_to_a_live_master(
+        pair, zk_store, monkeypatch):
+    """Defect 7: the control node cannot reach the master, and the standby's I/O thread
+    is ``Connecting`` after a blip (between two retries) though the master is alive. One
+    sample of that state is no silence: before the fix the emergency read it as "nobody
+    hears the master" at once and promoted beside a live master (two masters)."""
+    master, standby = roles(pair)
+    before = zk_store.read()
+    with standby_between_retries(master, standby):
+        with cut_off_from_control_node(monkeypatch, master):
+            with pytest.raises(PromotionRefused, match=r"(?s)still receives from it"):
+                promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
+    after = zk_store.read()
+    assert after.version == before.version and after.map == before.map
+    assert roles(pair) == (master, standby), "read_only changed"
+    assert ops.Journal(zk_store, f"promote-{PAIR}").load() is None
+    both_ways(master, standby)
