@@ -1,23 +1,34 @@
 #!/usr/bin/python
-# Which hosts may be removed: none the shard map names, unless the data may go.
+# Which hosts may be removed: none that holds the fleet's data (the map's servers,
+# ZooKeeper, an operation in flight), unless the data may go; which a new host may not reuse.
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: shard_hosts
-short_description: Refuse to remove hosts the shard map names as a master or standby
+short_description: Refuse to remove hosts that hold the fleet's data, or to reuse their names
 description:
-  - Reads the shard map and decides which of the hosts about to be removed may go.
-    A host the map names as the master or standby of a range holds its data;
-    removing it loses that data while the map keeps routing to it.
-  - Hosts in I(remove) (to be removed or recreated) that the map names make the
-    module fail, naming their ranges, unless I(data_may_go); nothing is removed then.
-  - Hosts in I(unlisted) (found, but not in the inventory) that the map names are
-    kept and reported in C(kept); the others are returned as removable.
-  - With nothing to decide it does not contact ZooKeeper. When ZooKeeper cannot be
-    read, the I(unlisted) hosts are all kept, and hosts in I(remove) make it fail
-    unless I(data_may_go).
-  - The decision is the library's (C(shardfleet.hosts.plan_removal)).
+  - Reads the shard map, the operations in flight and the ZooKeeper ensemble, and
+    decides which of the hosts about to be removed may go. A host holds the fleet's
+    data when the map names it as the master or standby of a range (removing it loses
+    that data while the map keeps routing to it), when it is a ZooKeeper server (the
+    ensemble holds the map, so the I(zookeeper_hosts) and the members of the ensemble's
+    C(/zookeeper/config)), or when it is a server of an operation in flight (a split's
+    target pair, a promotion's or a rebuild's servers).
+  - Hosts in I(remove) (to be removed or recreated) that hold data make the module
+    fail, saying what they hold, unless I(data_may_go); nothing is removed then.
+  - Hosts in I(unlisted) (found, but not in the inventory) that hold data are kept and
+    reported in C(kept); the others are returned as removable.
+  - Without a map nothing tells which hosts hold ranges. When ZooKeeper cannot be read,
+    or there is no map at the path read (a wrong I(cluster)), the I(unlisted) hosts are
+    all kept, and hosts in I(remove) make it fail unless I(data_may_go), saying why.
+  - Hosts in I(add) (about to be created, empty) make it fail when their name or an
+    address the map, an operation in flight or ZooKeeper still names (a server removed
+    with I(data_may_go) stays in the map); also without a map. C(named) then lists every
+    such host part, so that new hosts get other addresses.
+  - With nothing to decide it does not contact ZooKeeper.
+  - The decisions are the library's (C(shardfleet.hosts.plan_removal),
+    C(shardfleet.hosts.check_addition)).
 version_added: "0.1.0"
 author: shardfleet
 extends_documentation_fragment:
@@ -32,9 +43,17 @@ options:
     type: dict
     default: {}
   data_may_go:
-    description: Remove hosts the map names anyway (their data is lost; said in C(allowed)).
+    description:
+      - Remove hosts that hold data anyway (their data is lost; said in C(allowed)).
+      - Does not apply to I(add).
     type: bool
     default: false
+  add:
+    description:
+      - Host name -> its addresses (those known yet) for each host about to be created
+        from nothing; refused when the map, an operation in flight or ZooKeeper names one.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -65,12 +84,18 @@ removable:
   elements: str
 kept:
   description:
-    - Unlisted hosts the map names, with their ranges (all unlisted ones when the map
-      cannot be read); not to be removed.
+    - Unlisted hosts that hold data, with what they hold (all unlisted ones when there
+      is no map to read); not to be removed.
   returned: success
   type: dict
 allowed:
-  description: Hosts to remove that the map names, removed because I(data_may_go).
+  description: Hosts to remove that hold data (or were not checked), removed because I(data_may_go).
+  returned: success
+  type: dict
+named:
+  description:
+    - With I(add), every host part (name or IP) that holds data, with what it holds,
+      the addresses a new host must not get. Empty without I(add).
   returned: success
   type: dict
 map_version:
@@ -89,58 +114,68 @@ from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common
 )
 
 
-def _read_map(module):
-    """(the map or None, its version, None) or (None, None, why it could not be read)."""
+def _read(module):
+    """What the guard reads from ZooKeeper: (the map or None, its version, the operations
+    in flight, the ensemble's members, None), or why the map is not there: (None, None,
+    [], [], why)."""
+    from shardfleet import hosts, ops
+
     p = module.params
-    hosts = zookeeper_hosts(module)
+    where = zookeeper_hosts(module)
     store = None
     try:
         store = open_zookeeper_store(module)
         if not store.connected:
-            return None, None, (f"ZooKeeper at {hosts} gave no session within "
-                                f"{p['zookeeper_timeout']}s")
+            return None, None, [], [], (f"cannot read the shard map (ZooKeeper at {where} "
+                                        f"gave no session within {p['zookeeper_timeout']}s)")
         cur = store.read()
-        return cur.map, cur.version if cur.map is not None else None, None
+        if cur.map is None:
+            return None, None, [], [], (
+                f"there is no shard map at {store.path} (ZooKeeper at {where}: is "
+                f"{p['cluster']!r} the fleet's cluster, shards_cluster?)")
+        running = ops.in_flight(store)
+        try:  # the ensemble's own view of its members (empty for a standalone server)
+            members = hosts.zookeeper_members(store.read_raw("/zookeeper/config")[0])
+        except Exception:  # noqa: BLE001 - the connect string's hosts are kept anyway
+            members = []
+        return cur.map, cur.version, running, members, None
     except Exception as exc:  # noqa: BLE001 - any failure to read is "cannot tell"
-        return None, None, f"the map at {hosts} could not be read: {' '.join(str(exc).split())}"
+        return None, None, [], [], (f"cannot read the shard map at {where}: "
+                                    f"{' '.join(str(exc).split())}")
     finally:
         if store is not None:
             store.close(timeout=2)
+
+
+def _addresses(option):
+    return {k: [str(a) for a in (v or [])] for k, v in option.items()}
 
 
 def run(module):
     from shardfleet import hosts
 
     p = module.params
-    remove = {k: [str(a) for a in (v or [])] for k, v in p["remove"].items()}
-    unlisted = {k: [str(a) for a in (v or [])] for k, v in p["unlisted"].items()}
-    if not remove and not unlisted:
-        module.exit_json(changed=False, removable=[], kept={}, allowed={}, map_version=None)
-    m, version, why = _read_map(module)
-    warnings = []
-    if why is not None:
-        if remove and not p["data_may_go"]:
-            module.fail_json(
-                msg=f"cannot read the shard map ({why}), so cannot tell whether it names "
-                    f"{', '.join(remove)}; nothing was removed. Start the ZooKeeper hosts and "
-                    "rerun, or, if the data may go, rerun with -e fleet_data_may_go=true")
-        warnings.append(f"the shard map could not be read ({why}): "
-                        + (f"kept every host the inventory does not list ({', '.join(unlisted)})"
-                           if unlisted else "removing as asked (data_may_go)"))
-        plan = hosts.RemovalPlan(removable=list(remove), kept={
-            h: ["not checked: the map could not be read"] for h in unlisted})
-    else:
+    remove, unlisted, add = (_addresses(p[k]) for k in ("remove", "unlisted", "add"))
+    if not remove and not unlisted and not add:
+        module.exit_json(changed=False, removable=[], kept={}, allowed={}, named={},
+                         map_version=None)
+    m, version, running, members, why = _read(module)
+    zookeeper = [*p["zookeeper_hosts"], *members]
+    guard = dict(zookeeper=[h for z in zookeeper for h in z.split(",") if h.strip()],
+                 in_flight=running, no_map=why or "there is no shard map")
+    named = {}
+    if add:
         with library_errors(module, "shard hosts"):
-            plan = hosts.plan_removal(m, remove, unlisted, data_may_go=p["data_may_go"])
+            named = hosts.check_addition(m, add, **guard)
+    with library_errors(module, "shard hosts"):
+        plan = hosts.plan_removal(m, remove, unlisted, data_may_go=p["data_may_go"], **guard)
     for h, what in plan.kept.items():
-        warnings.append(f"kept {h} (not in the inventory): {', '.join(what)}")
+        module.warn(f"kept {h} (not in the inventory): {', '.join(what)}")
     for h, what in plan.allowed.items():
-        warnings.append(f"removing {h} although the map names it (data_may_go): "
-                        f"{', '.join(what)}")
-    for w in warnings:
-        module.warn(w)
+        module.warn(f"removing {h} although it holds the fleet's data (data_may_go): "
+                    f"{', '.join(what)}")
     out = {k: v for k, v in plan.to_dict().items() if k != "refused"}
-    module.exit_json(changed=False, map_version=version, **out)
+    module.exit_json(changed=False, map_version=version, named=named, **out)
 
 
 def main():
@@ -149,6 +184,7 @@ def main():
         remove=dict(type="dict", default={}),
         unlisted=dict(type="dict", default={}),
         data_may_go=dict(type="bool", default=False),
+        add=dict(type="dict", default={}),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     require_library(module)
