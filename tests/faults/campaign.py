@@ -21,16 +21,26 @@ run's seed, the documented recovery alone, then the checker. The faults:
 * ``restart_new``  (emergency) the new master SIGKILLed and started again, with the old
                    master back;
 * ``zk_leader``    the ZooKeeper ensemble's leader SIGKILLed (a new one is elected), and
-                   started again a while later.
+                   started again a while later;
+* ``session_expiry`` the operation's ZooKeeper session expired while it runs (a second
+                   client started with its session id and password, which ``op.py``
+                   prints, then closed: the server ends the session and deletes its lock
+                   znodes; the process's client gets a new session): the run must stop
+                   before its next action (LockLost) or finish, and the rerun finish it.
 
 Faults after the instant the operation already finished still happen (but for
-``kill``, ``lost_reply`` and ``second_op``, which need it running): a partition or a
-restart of a fleet that just changed is what on-call meets too.
+``kill``, ``lost_reply``, ``second_op`` and ``session_expiry``, which need it running): a
+partition or a restart of a fleet that just changed is what on-call meets too.
 
 The seeds: ``SHARDFLEET_FAULT_SEED`` (the base; random and printed when unset) and
 ``SHARDFLEET_FAULT_RUNS`` (runs in all, shared among the families by :data:`WEIGHTS`;
 with a seed and no count, one run of each family: a replay). A run's fault is
 ``faults[seed % len(faults)]`` of its family; every other draw comes from its seed.
+A seed drawn before a family's list grew replays with the list of its time (the named
+schedules keep theirs).
+
+Beside the checker, every run samples its pairs all along (:class:`checks.WritableSampler`,
+started with the writer): never two writable nodes in one pair at any sampled instant.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,10 +69,14 @@ from shardfleet.testing.nemesis import (
     ENV_SEED,
     OpProcess,
     Schedule,
+    SessionGone,
+    expire_session,
     failure_dir,
     keep_logs,
 )
 from shardfleet.testing.origins import MapTimeline, check_origins, rotate
+
+from .checks import WritableSampler
 
 OP_SCRIPT = Path(__file__).with_name("op.py")
 # ZooKeeper as a router cut off from it sees it: nothing listens on port 1
@@ -167,12 +181,16 @@ def router(zk: str, cluster: str, cache: Path, frozen_wait: float = 8.0,
 
 class Scene:
     """The writer of one run (three threads through two routers, one history), the routers
-    a fault adds (:meth:`stale_router`), and the map's timeline with the binary logs the
-    run starts from, for the check of who accepted each write (:meth:`origin_problems`)."""
+    a fault adds (:meth:`stale_router`), the map's timeline with the binary logs the
+    run starts from, for the check of who accepted each write (:meth:`origin_problems`),
+    and the sampler of *pairs* (never two writable nodes in one, from :meth:`start` to
+    :meth:`stop`, which adds what it saw to the run's problems)."""
 
     def __init__(self, run: Run, zk: str, cluster: str, shards: list[int], tmp: Path,
-                 servers: list[MariaDBServer], frozen_wait: float = 8.0) -> None:
-        self.run, self.tmp, self.servers = run, tmp, servers
+                 servers: list[MariaDBServer], frozen_wait: float = 8.0, *,
+                 pairs: Sequence[tuple[MariaDBServer, MariaDBServer]] = ()) -> None:
+        self.run, self.tmp, self.servers, self.zk = run, tmp, servers, zk
+        self.sampler = WritableSampler(list(pairs), t0=run.schedule.t0)
         self.skip = {s.address: rotate(s) for s in servers}
         self.timeline = MapTimeline.for_cluster(zk, cluster).start()
         self.routers = [router(zk, cluster, tmp / f"map{i}.json", frozen_wait)
@@ -185,6 +203,7 @@ class Scene:
         self.stale_cache = tmp / "stale-map.json"
 
     def start(self) -> None:
+        self.sampler.start()
         self.writer.start()
         if not self.writer.wait_acks(20, 30):
             self.run.problems.append(f"the writer made no progress before the fault: "
@@ -218,6 +237,9 @@ class Scene:
                              skip=self.skip)
 
     def stop(self) -> WriterLog:
+        sampled = self.sampler.stop()
+        self.run.schedule.note("writable sampler stopped", **self.sampler.summary)
+        self.run.problems += sampled
         for _, _, w in self.extra:
             w.stop()
         log = self.writer.stop()
@@ -267,7 +289,7 @@ class Faults:
     zk: Any = None                                 # the ensemble, for zk_leader
 
 
-NEEDS_RUNNING = ("kill", "lost_reply", "second_op")
+NEEDS_RUNNING = ("kill", "lost_reply", "second_op", "session_expiry")
 
 
 def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
@@ -290,6 +312,26 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
         return
     if fault == "kill":
         run.schedule.note("SIGKILL", at=plan["at"], killed=proc.kill())
+    elif fault == "session_expiry":
+        if proc.session is None:
+            run.problems.append(f"the operation's process named no ZooKeeper session: "
+                                f"{proc.lines[-5:]}")
+            return
+        sid = f"{proc.session[0]:#x}"
+        try:
+            expire_session(scene.zk, proc.session)
+            run.schedule.note("ZooKeeper session expired", at=plan["at"], session=sid,
+                              op_running=proc.running)
+        except SessionGone as exc:
+            # the process closed its session: it was ending (its result says how)
+            run.schedule.note("the operation's session was already closed", at=plan["at"],
+                              session=sid, error=oneline(exc), op_running=proc.running)
+        except Exception as exc:  # noqa: BLE001 - the trick failed
+            run.schedule.note("ZooKeeper session not expired", at=plan["at"], session=sid,
+                              error=oneline(exc), op_running=proc.running)
+            if proc.running:
+                run.problems.append(f"could not expire the running operation's session "
+                                    f"{sid}: {oneline(exc)}")
     elif fault == "lost_reply":
         assert f.zk_proxy is not None
         f.zk_proxy.lose_reply_to_next(min_bytes=plan["min_bytes"],

@@ -2,11 +2,13 @@
 (:func:`shardfleet.testing.history.check_history`, plus the kit's
 :func:`~shardfleet.testing.kit.check_writes` for a split), and the fleet's health: every
 pair replicating both ways, no range frozen, no operation in flight, the fleet writable
-through a router. Each check returns problems (strings) instead of raising, so one run
-reports everything that is wrong with it."""
+through a router; and, sampled all through the run (:class:`WritableSampler`), never two
+writable nodes in one pair. Each check returns problems (strings) instead of raising, so
+one run reports everything that is wrong with it."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -132,3 +134,124 @@ def writable_problems(zk: str, cluster: str, tmp: Path, shards: list[int],
 
 def read_only(server: MariaDBServer) -> bool:
     return bool(server.sql("SELECT @@GLOBAL.read_only")[0][0])
+
+
+class WritableSampler:
+    """Never two writable nodes in one pair, at any sampled instant: a bounded background
+    thread reads ``@@GLOBAL.read_only`` of both nodes of each pair every *every* seconds
+    (its own root connections, short timeouts; a node that does not answer, killed,
+    restarting or refusing connections, counts as not writable: nobody can write to it).
+
+    Two servers are not read at one instant, and a correct planned promotion makes the
+    old master read-only before it makes the new one writable: a tick that read the old
+    master (still writable) and then the new one (already writable) would see two
+    writable nodes that never were. So a tick reads A, then B, then A again, and a
+    violation is A writable at both of its reads with B writable between them (each node
+    of the pair is "A" on alternate ticks). :meth:`stop` returns the violations (the
+    pair and the instants, relative to *t0*) and :attr:`summary` what was sampled."""
+
+    def __init__(self, pairs: list[tuple[MariaDBServer, MariaDBServer]], *,
+                 t0: float | None = None, every: float = 0.05, connect_timeout: float = 0.5,
+                 read_timeout: float = 1.0, max_seconds: float = 600.0) -> None:
+        self.pairs = [tuple(p) for p in pairs]
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.every, self.max_seconds = every, max_seconds
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self._conns: dict[str, Any] = {}
+        self._retry_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks = 0
+        self.unanswered: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.errors: list[str] = []
+
+    def start(self) -> WritableSampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="sf-writable-sampler")
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10 + 3 * (self.connect_timeout + self.read_timeout))
+        for conn in self._conns.values():
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
+        self._conns.clear()
+        out = list(self.violations[:5])
+        if len(self.violations) > 5:
+            out.append(f"... and {len(self.violations) - 5} more samples with two writable "
+                       f"nodes in one pair")
+        return out + self.errors
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return {"ticks": self.ticks, "violations": len(self.violations),
+                "unanswered": dict(self.unanswered)}
+
+    def writable(self, server: MariaDBServer) -> bool:
+        """True when *server* answered read_only=OFF now; False for ON or no answer."""
+        key = server.address
+        conn = self._conns.get(key)
+        if conn is None:
+            if time.monotonic() < self._retry_at.get(key, 0.0):
+                self.unanswered[key] = self.unanswered.get(key, 0) + 1
+                return False
+            try:
+                conn = server.connect(connect_timeout=self.connect_timeout,
+                                      read_timeout=self.read_timeout,
+                                      write_timeout=self.read_timeout)
+                self._conns[key] = conn
+            except Exception:  # noqa: BLE001 - a node that does not answer is not writable
+                self._retry_at[key] = time.monotonic() + 0.1
+                self.unanswered[key] = self.unanswered.get(key, 0) + 1
+                return False
+        try:
+            with conn.cursor() as c:
+                c.execute("SELECT @@GLOBAL.read_only")
+                return not c.fetchone()[0]
+        except Exception:  # noqa: BLE001 - the node died or restarted: reconnect next time
+            self._conns.pop(key, None)
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.unanswered[key] = self.unanswered.get(key, 0) + 1
+            return False
+
+    def tick(self) -> None:
+        for a, b in self.pairs:
+            if self.ticks % 2:
+                a, b = b, a
+            t1 = time.monotonic()
+            a1 = self.writable(a)
+            if not a1:
+                continue  # A read-only: no violation this tick whatever B says
+            t2 = time.monotonic()
+            b_w = self.writable(b)
+            if not b_w:
+                continue
+            t3 = time.monotonic()
+            if self.writable(a):
+                t4 = time.monotonic()
+                self.violations.append(
+                    f"two writable nodes in the pair ({a.address}, {b.address}) at "
+                    f"{t2 - self.t0:.3f}s: {a.address} answered read_only=OFF to a read "
+                    f"sent at {t1 - self.t0:.3f}s and to one answered at "
+                    f"{t4 - self.t0:.3f}s, {b.address} read_only=OFF to a read between them "
+                    f"({t2 - self.t0:.3f}-{t3 - self.t0:.3f}s)")
+        self.ticks += 1
+
+    def _loop(self) -> None:
+        end = time.monotonic() + self.max_seconds
+        try:
+            while not self._stop.is_set() and time.monotonic() < end:
+                started = time.monotonic()
+                self.tick()
+                self._stop.wait(max(0.0, self.every - (time.monotonic() - started)))
+        except Exception as exc:  # noqa: BLE001 - a sampler that died checks nothing
+            self.errors.append(f"the writable sampler stopped: {type(exc).__name__}: {exc}")

@@ -20,8 +20,9 @@ The JSON names the operation and its arguments:
 (a named schedule). ``redirect``: ``{"host:port": "host:port"}``, the process's MySQL
 connections to the first go to the second (a proxy the nemesis can partition: the
 control node cut off from one server while the routers still reach it). The process
-prints ``READY`` once its ZooKeeper session is up (the nemesis times its fault from
-there), then ``RESULT ok <summary>`` or ``RESULT error <type>: <message>`` (exit 3).
+prints ``SESSION <id> <password>`` (hex) and ``READY`` once its ZooKeeper session is up
+(the nemesis times its fault from there; ``session_expiry`` ends that session), then
+``RESULT ok <summary>`` or ``RESULT error <type>: <message>`` (exit 3).
 """
 
 from __future__ import annotations
@@ -177,6 +178,10 @@ def main() -> int:
     store = ZooKeeperMapStore(spec["zk"], spec["cluster"], timeout=float(spec.get("zk_timeout",
                                                                                   5.0)))
     store.read()  # the session is up
+    # the session's id and password, for the nemesis's session_expiry (a second client
+    # started with them, then closed, ends it: the locks this run takes go with it)
+    sid, password = store.client.client_id
+    print(f"SESSION {sid:x} {password.hex()}", flush=True)
     print("READY", time.monotonic(), flush=True)
     try:
         if spec["op"] == "split":

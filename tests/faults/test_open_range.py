@@ -34,6 +34,8 @@ from .campaign import (
 )
 from .op import open_range
 
+# no session_expiry: an open-range takes no lock (its one map write is a compare-and-set
+# decided by content), so an expired session is only a reconnect, as lost_reply covers
 FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router",
           "zk_leader")
 # an open-range of 16 shards takes 0.3-0.6 s under the writer on a quiet 2-core machine
@@ -102,7 +104,8 @@ def open_range_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
     src, tgt, sb = split_servers
     servers = {s.address: s for s in split_servers} | zk_servers(zookeeper)
     run.schedule.note("plan", **plan, cluster=fleet.cluster)
-    scene = Scene(run, zookeeper.address, fleet.cluster, SHARDS, tmp_path, list(split_servers))
+    scene = Scene(run, zookeeper.address, fleet.cluster, SHARDS, tmp_path, list(split_servers),
+                  pairs=[(tgt, sb)])
     op_log = tmp_path / "operation.log"
     with proxies(plan, zookeeper.members[0].port, tgt) as (zk_proxy, sql_proxy):
         try:

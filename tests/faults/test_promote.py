@@ -54,9 +54,11 @@ from .op import rebuild_physical
 
 PAIR = "pair041"
 PLANNED_FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router",
-                  "zk_leader")
-EMERGENCY_FAULTS = ("kill", "lost_reply", "second_op", "restart_new", "stale_router",
-                    "partition")
+                  "zk_leader", "session_expiry")
+# the emergency's faults before session_expiry: the seeds found then replay with them
+EMERGENCY_FAULTS_1 = ("kill", "lost_reply", "second_op", "restart_new", "stale_router",
+                      "partition")
+EMERGENCY_FAULTS = EMERGENCY_FAULTS_1 + ("session_expiry",)
 # Windows the fault's instant is drawn from (seconds after the operation is ready): a
 # little longer than the operation under the writer on a quiet 2-core machine (planned
 # 0.15-0.25 s; emergency 1.1-1.4 s, most of it deciding the master is dead; a logical
@@ -274,7 +276,7 @@ def test_planned_promotion_under_a_fault(seed, promote_pair, promote_store, zook
     plan = run.draw(PLANNED_WINDOW)
     run.schedule.note("plan", **plan, cluster=promote_store.cluster, master=master.address)
     scene = Scene(run, zookeeper.address, promote_store.cluster, PROMOTE_SHARDS, tmp_path,
-                  list(promote_pair), frozen_wait=10.0)
+                  list(promote_pair), frozen_wait=10.0, pairs=[(master, standby)])
     op_log = tmp_path / "operation.log"
     with proxies(plan, zookeeper.members[0].port, master) as (zk_proxy, sql_proxy):
         try:
@@ -309,7 +311,7 @@ def emergency_run(run: Run, plan: dict[str, Any], pair: tuple[MariaDBServer, ...
     servers = {s.address: s for s in pair} | zk_servers(zookeeper)
     run.schedule.note("plan", **plan, cluster=store.cluster, master=master.address)
     scene = Scene(run, zookeeper.address, store.cluster, PROMOTE_SHARDS, tmp_path,
-                  list(pair), frozen_wait=10.0)
+                  list(pair), frozen_wait=10.0, pairs=[(master, standby)])
     logs = [tmp_path / "emergency.log", tmp_path / "rebuild.log"]
 
     def restart_new() -> None:
@@ -386,13 +388,14 @@ def test_emergency_promotion_and_rebuild_under_a_fault(seed, promote_pair, promo
 @pytest.mark.parametrize("seed", [999320, 910004])
 def test_a_second_rebuild_started_beside_a_running_one(seed, promote_pair, promote_store,
                                                       zookeeper, tmp_path):
-    emergency_seed(seed, promote_pair, promote_store, zookeeper, tmp_path)
+    emergency_seed(seed, promote_pair, promote_store, zookeeper, tmp_path, EMERGENCY_FAULTS_1)
 
 
 def emergency_seed(seed: int, promote_pair: Any, promote_store: Any, zookeeper: Any,
-                   tmp_path: Path) -> None:
-    """One emergency run as the campaign draws it from *seed*."""
-    run = Run("emergency", seed, EMERGENCY_FAULTS)
+                   tmp_path: Path, faults: tuple[str, ...] = EMERGENCY_FAULTS) -> None:
+    """One emergency run as the campaign draws it from *seed* (and *faults*: the list of
+    the seed's time for a named one)."""
+    run = Run("emergency", seed, faults)
     plan = run.draw(EMERGENCY_WINDOW)
     plan["phase"] = "emergency" if plan["fault"] == "restart_new" \
         else run.rng.choice(("emergency", "rebuild"))
@@ -413,7 +416,7 @@ def emergency_seed(seed: int, promote_pair: Any, promote_store: Any, zookeeper: 
 # the rebuild finished "nothing required" with every write to the pair failing (1290).
 def test_emergency_then_the_new_master_restarts_with_the_old_one_back(
         promote_pair, promote_store, zookeeper, tmp_path):
-    run = Run("emergency-new-master-restarted", 3003, EMERGENCY_FAULTS)
+    run = Run("emergency-new-master-restarted", 3003, EMERGENCY_FAULTS_1)
     plan = dict(run.draw(EMERGENCY_WINDOW), fault="restart_new", phase="emergency",
                 at=60.0)  # restart_new waits for the emergency to end, then restarts
     emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)
@@ -427,7 +430,7 @@ def test_emergency_then_the_new_master_restarts_with_the_old_one_back(
 # replicate), and the pair took no writes.
 def test_the_master_back_and_the_standby_restarted_before_the_emergency_acts(
         promote_pair, promote_store, zookeeper, tmp_path):
-    run = Run("emergency-both-restarted-first", 25011, EMERGENCY_FAULTS)
+    run = Run("emergency-both-restarted-first", 25011, EMERGENCY_FAULTS_1)
     plan = dict(run.draw(EMERGENCY_WINDOW), fault="restart_new", phase="emergency", at=0.0)
     emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)
 
@@ -438,7 +441,7 @@ def test_the_master_back_and_the_standby_restarted_before_the_emergency_acts(
 # replaced whole by the copy anyway.
 def test_a_physical_rebuild_killed_while_installing_the_copy_is_finished_by_its_rerun(
         promote_pair, promote_store, zookeeper, tmp_path):
-    run = Run("emergency-physical-killed-installing", 7001, EMERGENCY_FAULTS)
+    run = Run("emergency-physical-killed-installing", 7001, EMERGENCY_FAULTS_1)
     plan = dict(run.draw(EMERGENCY_WINDOW), fault="none", phase="rebuild", copy="physical",
                 die_in_install=3)
     emergency_run(run, plan, promote_pair, promote_store, zookeeper, tmp_path)
@@ -449,7 +452,7 @@ def test_a_physical_rebuild_killed_while_installing_the_copy_is_finished_by_its_
 # stopped, its data directory empty).
 def test_a_physical_rebuild_killed_with_the_data_directory_empty_is_finished_by_its_rerun(
         promote_pair, promote_store, zookeeper, tmp_path):
-    run = Run("emergency-physical-killed-empty", 7002, EMERGENCY_FAULTS)
+    run = Run("emergency-physical-killed-empty", 7002, EMERGENCY_FAULTS_1)
     master, _ = roles(promote_pair)
     entries = len(list(Path(master.datadir).iterdir()))
     plan = dict(run.draw(EMERGENCY_WINDOW), fault="none", phase="rebuild", copy="physical",

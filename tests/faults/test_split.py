@@ -33,8 +33,10 @@ from .campaign import (
     zk_servers,
 )
 
-FAULTS = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router",
-          "zk_leader")
+# the faults before session_expiry: the seeds found then replay with them
+FAULTS_1 = ("kill", "lost_reply", "second_op", "partition", "too_many", "stale_router",
+            "zk_leader")
+FAULTS = FAULTS_1 + ("session_expiry",)
 # The window the fault's instant is drawn from (seconds after the operation's process is
 # ready): a little longer than a split of 16 shards under the writer on a quiet 2-core
 # machine (1.1-1.4 s), so most draws land inside it and a few after it.
@@ -100,7 +102,7 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
     servers = {s.address: s for s in split_servers} | zk_servers(zookeeper)
     run.schedule.note("plan", **plan, cluster=fleet.cluster)
     scene = Scene(run, zookeeper.address, fleet.cluster, ALL_SHARDS, tmp_path,
-                  list(split_servers))
+                  list(split_servers), pairs=[(tgt, sb)])
     op_log = tmp_path / "operation.log"
     with proxies(plan, zookeeper.members[0].port, src) as (zk_proxy, sql_proxy):
         try:
@@ -164,7 +166,7 @@ def test_split_under_a_fault(seed, split_fleet, split_servers, zookeeper, tmp_pa
 # (1236, for good). It depends on the standby's lag: replayed as drawn.
 def test_split_seed_999304_the_target_pair_replicates_after_the_cutover(
         split_fleet, split_servers, zookeeper, tmp_path):
-    run = Run("split", 999304, FAULTS)
+    run = Run("split", 999304, FAULTS_1)
     split_run(run, run.draw(WINDOW), split_fleet, split_servers, zookeeper, tmp_path)
 
 
@@ -177,7 +179,7 @@ def test_split_seed_999304_the_target_pair_replicates_after_the_cutover(
 # test_a_skip_counter_a_stop_left_on_the_target_does_not_swallow_a_transaction pins it).
 def test_split_seed_500073_the_target_applies_its_standbys_next_transaction(
         split_fleet, split_servers, zookeeper, tmp_path):
-    run = Run("split", 500073, FAULTS)
+    run = Run("split", 500073, FAULTS_1)
     split_run(run, run.draw(WINDOW), split_fleet, split_servers, zookeeper, tmp_path)
 
 
@@ -191,6 +193,6 @@ def test_split_seed_500073_the_target_applies_its_standbys_next_transaction(
 # duplicate key), its pair's replication broke, and the abort the message named refused.
 def test_split_killed_after_its_channel_was_removed(split_fleet, split_servers, zookeeper,
                                                      tmp_path):
-    run = Run("split-killed-after-remove-channel", 207, FAULTS)
+    run = Run("split-killed-after-remove-channel", 207, FAULTS_1)
     split_run(run, {"fault": "die_after", "call": "_remove_channel"}, split_fleet,
               split_servers, zookeeper, tmp_path)

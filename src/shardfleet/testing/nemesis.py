@@ -71,13 +71,17 @@ class Schedule:
 
 class OpProcess:
     """An operation in its own process (``tests/faults/op.py``): started, watched for its
-    ``READY`` and ``RESULT`` lines, killed with SIGKILL on demand."""
+    ``SESSION``, ``READY`` and ``RESULT`` lines, killed with SIGKILL on demand.
+
+    ``SESSION <id> <password>`` (both hex) names the process's ZooKeeper session once
+    its store is connected: :attr:`session`, for :func:`expire_session`."""
 
     def __init__(self, script: Path, spec: dict[str, Any], log_path: Path) -> None:
         self.log_path = log_path
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.ready_at = 0.0
+        self.session: tuple[int, bytes] | None = None
         self.proc = subprocess.Popen(
             [sys.executable, str(script), json.dumps(spec)], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
@@ -89,6 +93,12 @@ class OpProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
+            if line.startswith("SESSION ") and self.session is None:
+                parts = line.split()
+                try:
+                    self.session = (int(parts[1], 16), bytes.fromhex(parts[2]))
+                except (IndexError, ValueError):
+                    pass
             if line.startswith("READY") and not self.ready.is_set():
                 self.ready_at = time.monotonic()
                 self.ready.set()
@@ -131,6 +141,31 @@ class OpProcess:
         return ""
 
 
+class SessionGone(RuntimeError):
+    """The session to expire had already ended (its client closed it, or it expired)."""
+
+
+def expire_session(hosts: str, session: tuple[int, bytes], timeout: float = 10.0) -> None:
+    """End the ZooKeeper session *session* (id, password) as a server does when a client
+    goes silent for its whole timeout, at once: a second client started with the same
+    session id and password (the server moves the session to it and drops the first
+    client's connection), then stopped and closed (it closes the session: the server
+    deletes its ephemeral znodes, its locks). The first client finds its session expired
+    when it reconnects (kazoo: LOST, then a new session). :class:`SessionGone` when the
+    server no longer knows the session (its client closed it: the process was ending)."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, client_id=session, timeout=max(timeout, 4.0))
+    try:
+        client.start(timeout)
+        if client.client_id is None or client.client_id[0] != session[0]:
+            raise SessionGone(f"session {session[0]:#x} is already gone (the second client "
+                              f"got {client.client_id and hex(client.client_id[0])})")
+    finally:
+        client.stop()
+        client.close()
+
+
 def failure_dir(test: str, seed: int) -> Path:
     """The folder a failing run leaves its history, schedule and logs in
     (``$SHARDFLEET_FAULT_DIR``, default ``/tmp/shardfleet-faults``, then
@@ -158,4 +193,4 @@ def keep_logs(dest: Path, servers: dict[str, Any], max_bytes: int = 200_000) -> 
 
 
 __all__ = ["ENV_DIR", "ENV_RUNS", "ENV_SEED", "OpProcess", "Schedule", "campaign_seeds",
-           "failure_dir", "keep_logs"]
+           "SessionGone", "expire_session", "failure_dir", "keep_logs"]
