@@ -75,7 +75,7 @@ from typing import Any, TypeVar
 import pymysql
 from kazoo.exceptions import KazooException
 
-from shardfleet import replication, shardmap, topology
+from shardfleet import replication, schema, shardmap, topology
 from shardfleet.errors import DatabaseError, MapError, ShardfleetError, mysql_code
 from shardfleet.mapstore import ZooKeeperMapStore, update
 from shardfleet.operations.runner import (
@@ -222,9 +222,11 @@ class Listening:
     heard when what the channel received (:func:`replication.heard`: connected or not,
     position, heartbeats, GTIDs) changed at least twice: one change can be the last bytes
     of a master that just died, still in flight. A channel ``Connecting`` (a blip cut it,
-    and it waits out its retry period) is first told to retry at once
-    (:func:`replication.reconnect_now`), so a live master it can reach is heard within the
-    window. It is not heard when the I/O thread is stopped, when the master's host refuses
+    and it waits out its retry period) that has applied everything it received is first
+    told to retry at once (:func:`replication.reconnect_now`), so a live master it can
+    reach is heard within the window; one with events left to apply is never restarted
+    (MariaDB may discard its relay logs: acknowledged writes), and its window grows by
+    its retry period. It is not heard when the I/O thread is stopped, when the master's host refuses
     the standby's connection (no server listens there), or when nothing changed twice
     within three heartbeat periods (``Slave_heartbeat_period``;
     ``replication.HEARTBEAT_PERIOD`` on the channels the fleet creates) plus half a second,
@@ -234,13 +236,19 @@ class Listening:
     def __init__(self, conn: Any, opts: Options) -> None:
         self.conn, self.opts = conn, opts
         ch = _channel(conn)
+        retry = 0.0
         if ch is not None and ch.get("Slave_IO_Running") in ("Connecting", "Preparing"):
-            replication.reconnect_now(conn, str(ch.get("Connection_name") or ""))
-            ch = _channel(conn)
+            if ch.get("Slave_SQL_Running") == "Yes" and _applied_all_received(ch):
+                # nothing received is left to apply, so a restart of the I/O thread
+                # (MariaDB may discard relay logs then) loses nothing
+                replication.reconnect_now(conn, str(ch.get("Connection_name") or ""))
+                ch = _channel(conn)
+            else:  # never restart it over unapplied events: wait for its own retry
+                retry = float(ch.get("Connect_Retry") or 0)
         self.t0 = time.monotonic()
         self.seen = [replication.heard(ch)]
         period = float((ch or {}).get("Slave_heartbeat_period") or 0.0)
-        self.window = min(3 * period + 0.5, opts.silence_timeout) if period > 0 \
+        self.window = min(3 * period + 0.5 + retry, opts.silence_timeout) if period > 0 \
             else opts.silence_timeout
 
     def watch(self, stop: Callable[[], bool]) -> str:
@@ -281,88 +289,17 @@ def _close(conn: Any) -> None:
             pass
 
 
-def replica_status(conn: Any) -> list[dict[str, Any]]:
-    """Raw replica channel rows (MariaDB ``SHOW ALL SLAVES STATUS``)."""
-    return topology.dict_rows(conn, topology.server_dialect(conn).replica_status)
-
-
-def _channel(conn: Any) -> dict[str, Any] | None:
-    """The node's replication channel from its peer (a pair node has exactly one)."""
-    rows = replica_status(conn)
-    if len(rows) > 1:  # e.g. a split's named channel beside it: the peer's is the default one
-        rows = [r for r in rows if not r.get("Connection_name")]
-    return rows[0] if rows else None
-
-
-def _wait_running(conn: Any, timeout: float) -> dict[str, Any]:
-    """The node's channel from its peer once both threads run (a thread that was just
-    started shows "Preparing" or "Connecting" for a moment; on a busy machine, longer),
-    or as it is after *timeout* ({} when there is none)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ch = _channel(conn) or {}
-        running = (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
-        if running or not ch or time.monotonic() > deadline:
-            return ch
-        time.sleep(0.1)
-
-
-def _channel_sql(verb: str, row: dict[str, Any] | None, thread: str = "") -> str:
-    """:func:`replication.slave_sql` for the channel of a ``SHOW SLAVE STATUS`` *row*."""
-    return replication.slave_sql(verb, str((row or {}).get("Connection_name") or ""), thread)
-
-
-def _channel_record(row: dict[str, Any]) -> dict[str, Any]:
-    """What a channel was (no password: MariaDB never shows it), enough to recreate it."""
-    return {"name": str(row.get("Connection_name") or ""),
-            "host": str(row.get("Master_Host") or ""),
-            "port": int(row.get("Master_Port") or 0),
-            "user": str(row.get("Master_User") or ""),
-            "connect_retry": int(row.get("Connect_Retry") or 0),
-            "using_gtid": str(row.get("Using_Gtid") or "")}
-
-
-def _read_only(conn: Any) -> bool:
-    return replication.is_read_only(conn)
-
-
-def _server_id(conn: Any) -> int:
-    return int(topology.scalar(conn, "SELECT @@GLOBAL.server_id"))
-
-
-def semisync_state(conn: Any) -> dict[str, Any]:
-    """Semi-sync settings and status of one node (MariaDB names)."""
-    with conn.cursor() as c:
-        c.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_%enabled'")
-        v = {k.lower(): str(val) for k, val in c.fetchall()}
-        c.execute("SHOW GLOBAL STATUS LIKE 'rpl_semi_sync_%'")
-        s = {k.lower(): str(val) for k, val in c.fetchall()}
-    return {
-        "master_enabled": v.get("rpl_semi_sync_master_enabled", "OFF").upper() == "ON",
-        "replica_enabled": v.get("rpl_semi_sync_slave_enabled", "OFF").upper() == "ON",
-        "master_status": s.get("rpl_semi_sync_master_status", ""),
-        "replica_status": s.get("rpl_semi_sync_slave_status", ""),
-        "master_no_tx": int(s.get("rpl_semi_sync_master_no_tx", "0") or 0),
-        "master_yes_tx": int(s.get("rpl_semi_sync_master_yes_tx", "0") or 0),
-    }
-
-
-def errant_against(standby_binlog: str, master_has: str, standby_server_id: int) -> list[str]:
-    """GTIDs the standby wrote itself beyond what the master is known to have.
-
-    Only domains whose last transaction the standby wrote (server id) count: a
-    domain the master wrote arrives by replication and is never errant.
-    """
-    have = replication.parse_gtids(master_has)
-    out = []
-    for dom, (srv, seq) in sorted(replication.parse_gtids(standby_binlog).items()):
-        if srv != standby_server_id:
-            continue
-        known = have.get(dom, (0, 0))[1]
-        if seq > known:
-            out.append(f"{dom}-{srv}-{known + 1}..{seq}" if seq > known + 1
-                       else f"{dom}-{srv}-{seq}")
-    return out
+# The server primitives live in :mod:`shardfleet.replication`; these names are the ones
+# the promotion's callers and tests have used.
+replica_status = replication.replica_rows
+_channel = replication.peer_channel
+_wait_running = replication.wait_peer_channel_running
+_channel_sql = replication.channel_sql
+_channel_record = replication.channel_record
+_read_only = replication.is_read_only
+_server_id = replication.server_id
+semisync_state = replication.semisync_state
+errant_against = replication.errant_gtids
 
 
 # -- the map ----------------------------------------------------------------
@@ -1426,7 +1363,7 @@ def _semisync_warnings(res: Result, mconn: Any, why: str) -> None:
 
 # -- re-attaching a rebuilt old master -----------------------------------------
 
-SHARD_DB_RE = "^db[0-9]{5}$"
+SHARD_DB_RE = schema.SHARD_DATABASE_REGEXP
 
 
 def _client_defaults(tmpdir: str, opts: Options) -> str:
@@ -1775,9 +1712,7 @@ class _Rebuild:
     # -- the actions ---------------------------------------------------------
     @staticmethod
     def _shard_dbs(conn: Any) -> list[str]:
-        return [str(r["n"]) for r in topology.dict_rows(
-            conn, "SELECT SCHEMA_NAME AS n FROM information_schema.SCHEMATA WHERE "
-                  "SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DB_RE,))]
+        return schema.shard_databases_on(conn)
 
     def _make_master_writable(self) -> None:
         """The map's master restarted since the emergency and booted read_only, as every
@@ -1812,11 +1747,8 @@ class _Rebuild:
         """A consistent copy of the master's shards; the node's binlog history reset to
         the copy's GTID position; the node replicates from the master."""
         copy_shards(self.master, self.node, self.dbs, self.opts)
-        pos = str(topology.scalar(self.nconn, "SELECT @@GLOBAL.gtid_slave_pos") or "")
-        with self.nconn.cursor() as c:
-            c.execute("FLUSH PRIVILEGES")
-            c.execute("RESET MASTER")
-            c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
+        pos = replication.gtid_replica_pos(self.nconn)
+        replication.reset_binlog_history(self.nconn, pos, flush_privileges=True)
         # the dump's CHANGE MASTER reset the channel's heartbeat (emergencies rely on it)
         replication.set_heartbeat(self.nconn, str((self.nch or {}).get("Connection_name") or ""))
         with self.nconn.cursor() as c:
@@ -1846,11 +1778,8 @@ class _Rebuild:
                 "Run playbooks/rebuild-standby.yml again (it makes the copy first)")
         name = str((self.nch or {}).get("Connection_name") or "")
         host, _, port = self.master.rpartition(":")
-        with self.nconn.cursor() as c:
-            c.execute("STOP ALL SLAVES")  # none, or the copy's leftovers
-            c.execute("RESET MASTER")
-            c.execute("SET GLOBAL gtid_binlog_state = %s", (pos,))
-            c.execute("SET GLOBAL gtid_slave_pos = %s", (pos,))
+        replication.stop_all_channels(self.nconn)  # none, or the copy's leftovers
+        replication.reset_binlog_history(self.nconn, pos, applied_too=True)
         replication.change_master(self.nconn, host.strip("[]"), int(port),
                                   self.opts.replication_user, self.opts.replication_password,
                                   name=name, connect_retry=int((self.nch or {}).get(
@@ -1892,9 +1821,8 @@ class _Rebuild:
         if mch is not None and self._did("copied"):  # resumed: it may run since then
             with self.mconn.cursor() as c:
                 c.execute(_channel_sql("STOP", mch))
+        replication.set_replica_pos(self.mconn, replication.gtid_position(self.nconn))
         with self.mconn.cursor() as c:
-            c.execute("SET GLOBAL gtid_slave_pos = %s",
-                      (replication.gtid_position(self.nconn),))
             if recreate is not None:
                 replication.change_master(
                     self.mconn, recreate["Master_Host"], recreate["Master_Port"],

@@ -36,6 +36,126 @@ def gtid_applied(conn: Any) -> str:
     return str(topology.scalar(conn, "SELECT @@GLOBAL.gtid_executed") or "")
 
 
+def gtid_replica_pos(conn: Any) -> str:
+    """Where the server's replication would start (MariaDB ``gtid_slave_pos``): after a
+    dump replayed with its master data, the copy's position."""
+    return str(topology.scalar(conn, "SELECT @@GLOBAL.gtid_slave_pos") or "")
+
+
+def set_replica_pos(conn: Any, position: str) -> None:
+    """Where the server's (stopped) channels start replicating: GTID *position*."""
+    with conn.cursor() as c:
+        c.execute("SET GLOBAL gtid_slave_pos = %s", (position,))
+
+
+def server_id(conn: Any) -> int:
+    return int(topology.scalar(conn, "SELECT @@GLOBAL.server_id"))
+
+
+def reset_binlog_history(conn: Any, position: str, *, applied_too: bool = False,
+                         flush_privileges: bool = False) -> None:
+    """Start the server's binary log history anew at GTID *position*: its own log
+    files removed (``RESET MASTER``: a copy's or an old tenure's history is gone), the
+    binlog state set to *position* so the GTIDs it already holds are never written
+    again; *applied_too*: its replication position as well (a node running on a
+    physical copy). *flush_privileges* first: a copy that replaced ``mysql.*`` is what
+    the server checks from now on."""
+    with conn.cursor() as c:
+        if flush_privileges:
+            c.execute("FLUSH PRIVILEGES")
+        c.execute("RESET MASTER")
+        c.execute("SET GLOBAL gtid_binlog_state = %s", (position,))
+        if applied_too:
+            c.execute("SET GLOBAL gtid_slave_pos = %s", (position,))
+
+
+def errant_gtids(own_binlog: str, peer_has: str, own_server_id: int) -> list[str]:
+    """GTIDs a node wrote itself (*own_binlog*, its server id) beyond what its peer is
+    known to have (*peer_has*).
+
+    Only domains whose last transaction the node wrote count: a domain the peer wrote
+    arrives by replication and is never errant.
+    """
+    have = parse_gtids(peer_has)
+    out = []
+    for dom, (srv, seq) in sorted(parse_gtids(own_binlog).items()):
+        if srv != own_server_id:
+            continue
+        known = have.get(dom, (0, 0))[1]
+        if seq > known:
+            out.append(f"{dom}-{srv}-{known + 1}..{seq}" if seq > known + 1
+                       else f"{dom}-{srv}-{seq}")
+    return out
+
+
+def semisync_state(conn: Any) -> dict[str, Any]:
+    """Semi-sync settings and status of one node (MariaDB names)."""
+    with conn.cursor() as c:
+        c.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_%enabled'")
+        v = {k.lower(): str(val) for k, val in c.fetchall()}
+        c.execute("SHOW GLOBAL STATUS LIKE 'rpl_semi_sync_%'")
+        s = {k.lower(): str(val) for k, val in c.fetchall()}
+    return {
+        "master_enabled": v.get("rpl_semi_sync_master_enabled", "OFF").upper() == "ON",
+        "replica_enabled": v.get("rpl_semi_sync_slave_enabled", "OFF").upper() == "ON",
+        "master_status": s.get("rpl_semi_sync_master_status", ""),
+        "replica_status": s.get("rpl_semi_sync_slave_status", ""),
+        "master_no_tx": int(s.get("rpl_semi_sync_master_no_tx", "0") or 0),
+        "master_yes_tx": int(s.get("rpl_semi_sync_master_yes_tx", "0") or 0),
+    }
+
+
+# -- replication channels -----------------------------------------------------
+
+def replica_rows(conn: Any) -> list[dict[str, Any]]:
+    """Raw replica channel rows, through the server's dialect (MariaDB
+    ``SHOW ALL SLAVES STATUS``)."""
+    return topology.dict_rows(conn, topology.server_dialect(conn).replica_status)
+
+
+def peer_channel(conn: Any) -> dict[str, Any] | None:
+    """A pair node's channel from its peer (a pair node has exactly one; beside a
+    split's named channel, the peer's is the default one)."""
+    rows = replica_rows(conn)
+    if len(rows) > 1:
+        rows = [r for r in rows if not r.get("Connection_name")]
+    return rows[0] if rows else None
+
+
+def wait_peer_channel_running(conn: Any, timeout: float) -> dict[str, Any]:
+    """The node's channel from its peer once both threads run (a thread that was just
+    started shows "Preparing" or "Connecting" for a moment; on a busy machine, longer),
+    or as it is after *timeout* ({} when there is none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ch = peer_channel(conn) or {}
+        running = (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
+        if running or not ch or time.monotonic() > deadline:
+            return ch
+        time.sleep(0.1)
+
+
+def channel_sql(verb: str, row: dict[str, Any] | None, thread: str = "") -> str:
+    """:func:`slave_sql` for the channel of a replica status *row*."""
+    return slave_sql(verb, str((row or {}).get("Connection_name") or ""), thread)
+
+
+def channel_record(row: dict[str, Any]) -> dict[str, Any]:
+    """What a channel was (no password: MariaDB never shows it), enough to recreate it."""
+    return {"name": str(row.get("Connection_name") or ""),
+            "host": str(row.get("Master_Host") or ""),
+            "port": int(row.get("Master_Port") or 0),
+            "user": str(row.get("Master_User") or ""),
+            "connect_retry": int(row.get("Connect_Retry") or 0),
+            "using_gtid": str(row.get("Using_Gtid") or "")}
+
+
+def stop_all_channels(conn: Any) -> None:
+    """Stop every replication channel of the server (none is fine)."""
+    with conn.cursor() as c:
+        c.execute("STOP ALL SLAVES")
+
+
 def parse_gtids(pos: str) -> dict[int, tuple[int, int]]:
     """MariaDB ``domain-server-seq`` list -> ``{domain: (server, seq)}``."""
     out: dict[int, tuple[int, int]] = {}

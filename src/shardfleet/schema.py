@@ -260,6 +260,18 @@ def default_schema() -> Schema:
     return _parse_text(text, "shardfleet/schema.yml")
 
 
+# Every shard database's name matches this (MySQL REGEXP syntax): ``db`` and five digits.
+SHARD_DATABASE_REGEXP = "^db[0-9]{5}$"
+
+
+def shard_databases_on(conn: Any) -> list[str]:
+    """The shard databases a server holds, sorted."""
+    with conn.cursor() as c:
+        c.execute("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA "
+                  "WHERE SCHEMA_NAME REGEXP %s ORDER BY 1", (SHARD_DATABASE_REGEXP,))
+        return [str(r[0]) for r in c.fetchall()]
+
+
 def shard_database(shard: int) -> str:
     """The database name of a shard: ``db00000`` .. ``db65535``."""
     if not isinstance(shard, int) or isinstance(shard, bool) or not 0 <= shard <= ids.MAX_SHARD:
