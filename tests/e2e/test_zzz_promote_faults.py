@@ -24,7 +24,9 @@ node per pair.
    master>``, under a writer. Exactly one promotes; the other is refused (the lock is
    held, or the promotion already happened) and changes nothing; zero acknowledged
    writes lost; the old master replicates from the new one.
-3. The rebuild, last: rebuild-standby.yml under a writer re-attaches pair001's old
+3. The rebuild, last: first rebuild-standby.yml --check (what on-call runs first) exits 0
+   and changes nothing (the map's znode, both nodes' read_only). Then
+   rebuild-standby.yml under a writer re-attaches pair001's old
    master as the standby by a physical copy of the master's data directory (every
    shard it holds, over 10,000 tablespaces with the 2,048 shards of CI (28,000 with
    4,096): more than the container's 8,192 open files,
@@ -325,6 +327,17 @@ def test_the_old_master_rebuilt_by_a_physical_copy_under_a_writer(fleet: Fleet) 
             f"no old master of {PAIR} awaits a rebuild: {[r.to_dict() for r in ranges]}"
         master, old = ranges[0].master, str(ranges[0].extra["rebuild"])
         _wait_answer(fleet, old, timeout=300).close()
+        # on-call looks first, as the runbook says: --check after the emergency exits 0
+        # and changes nothing (it failed: 'rebuild_target_host' is undefined)
+        before = mapstore.read_raw(mapstore.path)
+        look = fleet.playbook("rebuild-standby.yml", "--check", "-e", f"pair={PAIR}")
+        report.append(f"rebuild-standby --check: rc {look.rc}, playbook {look.seconds:.0f}s")
+        assert look.rc == 0, look.output[-4000:]
+        assert mapstore.read_raw(mapstore.path) == before, "rebuild-standby.yml --check " \
+            f"changed the map:\n{before[0]!r}\n{mapstore.read_raw(mapstore.path)[0]!r}"
+        assert _read_only(fleet, old) == 1 and _read_only(fleet, master) == 0, \
+            "rebuild-standby.yml --check changed a server's read_only"
+        assert "check mode: no copy is made" in look.output, look.output[-4000:]
         # bounded past the rebuild under load in time and in writes (at load 10 the
         # playbook took over 200 s, and a bound of 20,000 writes ended the writer first)
         w = Writer(store, max_seconds=900, near=ids.compose(ranges[0].first, 1, 1),
