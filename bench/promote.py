@@ -8,7 +8,12 @@ MariaDB pair and ZooKeeper as host processes, a writer through the routing libra
   "emergency")`` to the first acknowledged write on the new master (goal < 5 s),
   followed by ``rebuild_standby`` (timed) so the pair is whole again;
 * emergency on a silent master (SIGSTOP: nothing answers, no heartbeat reaches the
-  standby): when the promotion decided it was dead, froze, and the first ack.
+  standby): when the promotion decided it was dead, froze and flipped the map, and the
+  first acknowledged write on the new master (goal < 5 s). The writer's write in flight
+  on the stopped master waits for its answer; the router ends it when the map moves
+  (it surfaces as a write that may have happened), or else it waits out the router's
+  10 s read timeout and the writer's next write comes after it. ``--silent-only`` runs
+  this case alone.
 
 The container fleet's numbers (the playbooks, podman kill) come from
 tests/e2e/test_zz_promote.py, which prints them.
@@ -56,6 +61,8 @@ def setup(base: Path) -> list[MariaDBServer]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--planned", type=int, default=5, help="planned promotions (default 5)")
+    ap.add_argument("--silent-only", action="store_true",
+                    help="only the emergency promotion of a silent (SIGSTOPped) master")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="sf-bench-promote-"))
     zk = ZooKeeperServer(base).start()
@@ -72,67 +79,9 @@ def main() -> int:
     st = Store(router)
     nodes = [s.address for s in pair]
     try:
-        stalls, frozen = [], []
-        w = Writer(st, max_seconds=300, near=ids.compose(0, 1, 1)).start()
-        w.wait_acks(200)
-        for _ in range(args.planned):
-            t0 = time.monotonic()
-            # back and forth on purpose: each run names the master it expects
-            res = promote.promote(store, "pair001", nodes, mode="planned", opts=opts,
-                                  expect_master=roles(pair)[0].address)
-            w.wait_acks(200)
-            stalls.append(w.longest_stall(since=t0 - 0.2))
-            frozen.append(res.timings["frozen_seconds"])
-        w.stop()
-        lost = sum(len(missing_ids(s.connect(), w.acked)) for s in roles(pair)[:1])
-        print(f"planned x{args.planned}: longest write stall max {max(stalls):.3f}s "
-              f"median {sorted(stalls)[len(stalls) // 2]:.3f}s (goal < 1 s); frozen "
-              f"max {max(frozen):.3f}s; {len(w.acked)} acked, {lost} lost")
-
-        master, standby = roles(pair)
-        w = Writer(st, max_seconds=120, near=ids.compose(0, 1, 1)).start()
-        w.wait_acks(200)
-        master.kill()
-        t0 = time.monotonic()
-        res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts)
-        t_done = time.monotonic()
-        w.wait_acks(200)
-        w.stop()
-        first = w.first_ack_after(t0)
-        lost = len(missing_ids(standby.connect(), w.acked))
-        print(f"emergency: promote() {t_done - t0:.3f}s (dead decided "
-              f"{res.timings.get('silence_checked', float('nan')):.3f}s, frozen "
-              f"{res.timings.get('frozen', float('nan')):.3f}s); start -> first acknowledged write "
-              f"on the new master {(first or float('nan')) - t0:.3f}s (goal < 5 s); "
-              f"{len(w.acked)} acked, {lost} lost")
-        master.start()
-        t0 = time.monotonic()
-        promote.rebuild_standby(store, "pair001", nodes, opts=opts)
-        print(f"rebuild_standby (8 shards): {time.monotonic() - t0:.2f}s")
-
-        # a master nobody hears (SIGSTOP: its sockets stay open, nothing answers; as a host
-        # that vanished): deciding it is dead waits for the probe and the standby's silence
-        master, standby = roles(pair)
-        w = Writer(st, max_seconds=120, near=ids.compose(0, 1, 1)).start()
-        w.wait_acks(200)
-        assert master.proc is not None
-        os.kill(master.proc.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        try:  # the second emergency of the pair within a day names the master it expects
-            res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts,
-                                  expect_master=master.address)
-            w.wait_acks(200)
-        finally:
-            master.kill()
-        w.stop()
-        first = w.first_ack_after(t0)
-        lost = len(missing_ids(standby.connect(), w.acked))
-        print(f"emergency, silent master: dead decided {res.timings['silence_checked']:.3f}s, "
-              f"frozen {res.timings['frozen']:.3f}s, start -> first acknowledged write "
-              f"{(first or float('nan')) - t0:.3f}s (goal < 5 s); {len(w.acked)} acked, "
-              f"{lost} lost")
-        master.start()
-        promote.rebuild_standby(store, "pair001", nodes, opts=opts)
+        if not args.silent_only:
+            kill_cases(args, st, store, pair, nodes, opts)
+        silent_case(st, store, pair, nodes, opts)
     finally:
         st.close()
         router.close()
@@ -142,6 +91,82 @@ def main() -> int:
         zk.stop(remove=True)
         shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+def kill_cases(args: argparse.Namespace, st: Store, store: ZooKeeperMapStore,
+               pair: list[MariaDBServer], nodes: list[str], opts: promote.Options) -> None:
+    stalls, frozen = [], []
+    w = Writer(st, max_seconds=300, near=ids.compose(0, 1, 1)).start()
+    w.wait_acks(200)
+    for _ in range(args.planned):
+        t0 = time.monotonic()
+        # back and forth on purpose: each run names the master it expects
+        res = promote.promote(store, "pair001", nodes, mode="planned", opts=opts,
+                              expect_master=roles(pair)[0].address)
+        w.wait_acks(200)
+        stalls.append(w.longest_stall(since=t0 - 0.2))
+        frozen.append(res.timings["frozen_seconds"])
+    w.stop()
+    lost = sum(len(missing_ids(s.connect(), w.acked)) for s in roles(pair)[:1])
+    print(f"planned x{args.planned}: longest write stall max {max(stalls):.3f}s "
+          f"median {sorted(stalls)[len(stalls) // 2]:.3f}s (goal < 1 s); frozen "
+          f"max {max(frozen):.3f}s; {len(w.acked)} acked, {lost} lost")
+
+    master, standby = roles(pair)
+    w = Writer(st, max_seconds=120, near=ids.compose(0, 1, 1)).start()
+    w.wait_acks(200)
+    master.kill()
+    t0 = time.monotonic()
+    res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts)
+    t_done = time.monotonic()
+    w.wait_acks(200)
+    w.stop()
+    first = w.first_ack_after(t0)
+    lost = len(missing_ids(standby.connect(), w.acked))
+    print(f"emergency: promote() {t_done - t0:.3f}s (dead decided "
+          f"{res.timings.get('silence_checked', float('nan')):.3f}s, frozen "
+          f"{res.timings.get('frozen', float('nan')):.3f}s); start -> first acknowledged write "
+          f"on the new master {(first or float('nan')) - t0:.3f}s (goal < 5 s); "
+          f"{len(w.acked)} acked, {lost} lost")
+    master.start()
+    t0 = time.monotonic()
+    promote.rebuild_standby(store, "pair001", nodes, opts=opts)
+    print(f"rebuild_standby (8 shards): {time.monotonic() - t0:.2f}s")
+
+
+def silent_case(st: Store, store: ZooKeeperMapStore, pair: list[MariaDBServer],
+                nodes: list[str], opts: promote.Options) -> None:
+    # a master nobody hears (SIGSTOP: its sockets stay open, nothing answers; as a host
+    # that vanished): deciding it is dead waits for the probe and the standby's silence
+    master, standby = roles(pair)
+    w = Writer(st, max_seconds=120, near=ids.compose(0, 1, 1)).start()
+    w.wait_acks(200)
+    assert master.proc is not None
+    errors_before = len(w.errors)
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:  # the second emergency of the pair within a day names the master it expects
+        res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts,
+                              expect_master=master.address)
+        w.wait_acks(200)
+    finally:
+        master.kill()
+    w.stop()
+    # the first ack after the flip is the new master's: the old one stopped at t0, and
+    # an ack just after t0 is an answer it sent before (promote()'s clock starts a
+    # hair after t0, so t0 + its offset is at or before the flip)
+    flipped = res.timings.get("flipped", float("nan"))
+    first = w.first_ack_after(t0 + flipped)
+    lost = len(missing_ids(standby.connect(), w.acked))
+    errors = w.errors[errors_before:]
+    print(f"emergency, silent master: dead decided {res.timings['silence_checked']:.3f}s, "
+          f"frozen {res.timings['frozen']:.3f}s, map flipped {flipped:.3f}s; start -> "
+          f"first acknowledged write on the new master "
+          f"{(first or float('nan')) - t0:.3f}s (goal < 5 s); {len(w.acked)} acked, "
+          f"{lost} lost; {len(errors)} write error(s) meanwhile"
+          + (f", the first: {errors[0][:160]}" if errors else ""))
+    master.start()
+    promote.rebuild_standby(store, "pair001", nodes, opts=opts)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Production reads and writes go to masters only.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import json
 import logging
@@ -41,6 +42,10 @@ from shardfleet.tls import TLS
 log = logging.getLogger(__name__)
 
 
+def _ranges_text(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"[{a}, {b}]" for a, b in ranges)
+
+
 def split_hostport(server: str) -> tuple[str, int]:
     host, _, port = server.rpartition(":")
     return host.strip("[]"), int(port)
@@ -62,6 +67,48 @@ def _wait_ready(sock: socket.socket, events: int, deadline: float,
             return False
 
 
+def _shutdown(conn: pymysql.connections.Connection) -> bool:
+    """End whatever *conn* waits for, from any thread: ``shutdown(2)`` both ways, so a
+    thread blocked reading its answer gets the end of the stream at once (PyMySQL then
+    raises 2013 and closes it) and nothing more can be sent on it. The socket is not
+    closed here: its descriptor belongs to the thread using the connection. Called on
+    the plain socket (``socket.socket.shutdown``): ``SSLSocket.shutdown`` would also drop
+    the TLS object under the thread reading through it. False if it was closed already."""
+    sock = conn._sock
+    if sock is None:
+        return False
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:  # closed meanwhile by its thread, or never connected
+        return False
+    return True
+
+
+def masters_moved(old: ShardMap | None, new: ShardMap) -> dict[str, list[tuple[int, int]]]:
+    """``{server: [(first, last), ...]}``: the shards each server was master of in *old*
+    and is not in *new* (another master, or no range at all)."""
+    lost: dict[str, list[tuple[int, int]]] = {}
+    if old is None:
+        return lost
+    ranges = new.ranges
+    lasts = [r.last for r in ranges]
+    for r in old.ranges:
+        pos, i = r.first, bisect.bisect_left(lasts, r.first)  # first new range ending >= pos
+        while pos <= r.last:
+            n = ranges[i] if i < len(ranges) else None
+            if n is None or n.first > r.last:  # the rest of the old range is in no range
+                lost.setdefault(r.master, []).append((pos, r.last))
+                break
+            if n.first > pos:  # a gap before the next new range
+                lost.setdefault(r.master, []).append((pos, n.first - 1))
+                pos = n.first
+            end = min(n.last, r.last)
+            if n.master != r.master:
+                lost.setdefault(r.master, []).append((pos, end))
+            pos, i = end + 1, i + 1
+    return lost
+
+
 def _idle_ok(conn: pymysql.connections.Connection) -> bool:
     """An idle connection has nothing to read; anything there (EOF, an error packet) means
     the server closed it. One poll(2), no round trip."""
@@ -79,6 +126,12 @@ class Pool:
     ``deque.append``/``pop`` are atomic, so the pool needs no lock. At most
     *size* idle connections are kept; more are opened on demand and closed when
     returned.
+
+    The pool also knows its connections in use: each one it hands out is
+    registered with the shard it serves (None: unknown, several) until it comes
+    back through :meth:`put` or :meth:`discard`, so :meth:`end_in_flight` can end
+    the statements waiting on a server the map moved off their shards. The
+    registry is a dict whose single operations (set, pop, copy) are atomic; no lock.
     """
 
     def __init__(self, server: str, *, user: str, password: str, size: int = 8,
@@ -94,14 +147,16 @@ class Pool:
                         **self.tls.pymysql_kwargs())
         self.size = size
         self._idle: deque[pymysql.connections.Connection] = deque()
+        # connections handed out and not yet returned -> the shard each serves (None: any)
+        self._busy: dict[pymysql.connections.Connection, int | None] = {}
 
-    def connect(self) -> pymysql.connections.Connection:
-        conn = self.connect_unless(None)
+    def connect(self, shard: int | None = None) -> pymysql.connections.Connection:
+        conn = self.connect_unless(None, shard=shard)
         assert conn is not None
         return conn
 
-    def connect_unless(self, give_up: Callable[[], bool] | None, poll: float = 0.05
-                       ) -> pymysql.connections.Connection | None:
+    def connect_unless(self, give_up: Callable[[], bool] | None, poll: float = 0.05,
+                       shard: int | None = None) -> pymysql.connections.Connection | None:
         """A new connection, or None if *give_up()* turned true before the server greeted.
 
         The TCP connect and the wait for the server's greeting happen here, in
@@ -110,6 +165,7 @@ class Pool:
         between slices the caller can give up on a master the map no longer names.
         Nothing has been sent to the server before the greeting, so giving up is
         always safe. Raises OperationalError 2003 when no connection is made.
+        The connection is handed out for *shard* (see :meth:`end_in_flight`).
         """
         sock = self._open(give_up, poll)
         if sock is None:
@@ -121,6 +177,7 @@ class Pool:
             self.tls.check(conn, self.server)
         except Exception as exc:  # the pool's callers take OperationalError 2003
             raise pymysql.err.OperationalError(CR.CR_CONN_HOST_ERROR, str(exc)) from None
+        self._busy[conn] = shard
         return conn
 
     def _open(self, give_up: Callable[[], bool] | None, poll: float) -> socket.socket | None:
@@ -165,7 +222,7 @@ class Pool:
         return pymysql.err.OperationalError(
             CR.CR_CONN_HOST_ERROR, f"Can't connect to MySQL server on {self.server!r} ({exc})")
 
-    def get_idle(self) -> pymysql.connections.Connection | None:
+    def get_idle(self, shard: int | None = None) -> pymysql.connections.Connection | None:
         """An idle connection that is still open, or None.
 
         A pooled connection whose server went away (killed, restarted) has the
@@ -179,11 +236,12 @@ class Pool:
             except IndexError:
                 return None
             if _idle_ok(conn):
+                self._busy[conn] = shard
                 return conn
             log.info("dropping a pooled connection to %s: the server closed it", self.server)
             self.discard(conn)
 
-    def take_idle(self) -> pymysql.connections.Connection | None:
+    def take_idle(self, shard: int | None = None) -> pymysql.connections.Connection | None:
         """The most recently returned idle connection, unchecked, or None.
 
         For idempotent reads only: a connection the server closed fails the read
@@ -192,28 +250,65 @@ class Pool:
         :meth:`get_idle`'s poll(2) saves a system call per read (3-6 us, about a third
         of the routing overhead of a primary-key select on loopback)."""
         try:
-            return self._idle.pop()
+            conn = self._idle.pop()
         except IndexError:
             return None
+        self._busy[conn] = shard
+        return conn
 
     def idle_count(self) -> int:
         return len(self._idle)
 
-    def get(self) -> pymysql.connections.Connection:
-        conn = self.get_idle()
-        return conn if conn is not None else self.connect()
+    def in_use(self) -> int:
+        return len(self._busy)
+
+    def get(self, shard: int | None = None) -> pymysql.connections.Connection:
+        conn = self.get_idle(shard)
+        return conn if conn is not None else self.connect(shard)
 
     def put(self, conn: pymysql.connections.Connection) -> None:
+        self._busy.pop(conn, None)
         if len(self._idle) < self.size and conn.open:
             self._idle.append(conn)
         else:
             conn.close()
 
     def discard(self, conn: pymysql.connections.Connection) -> None:
+        self._busy.pop(conn, None)
         try:
             conn.close()
         except Exception:  # noqa: BLE001 - already broken
             pass
+
+    def end_in_flight(self, moved: list[tuple[int, int]]) -> tuple[int, int]:
+        """The map moved this server off the shards in *moved* (``(first, last)`` ranges):
+        end every statement in flight here for one of them (or for a shard not known),
+        and close the idle connections. Returns (ended, closed).
+
+        Safe from any thread (the map's watch calls it): a connection in use is only
+        shut down (:func:`_shutdown`), and its thread, blocked on its answer, gets the
+        end of the stream at once (PyMySQL raises 2013) instead of waiting out the read
+        timeout on a hung server. What that thread's caller makes of it is the store's
+        policy: a write may have been applied (never repeated), a read is read again
+        where the map now says. A connection handed out after this call began is
+        caught by its caller's own look at the map (see :meth:`Router.acquire`)."""
+        def hit(shard: int | None) -> bool:
+            return shard is None or any(a <= shard <= b for a, b in moved)
+
+        ended = closed = 0
+        for conn, shard in self._busy.copy().items():
+            # still out for that shard (not returned and handed out again meanwhile)
+            if hit(shard) and self._busy.get(conn, -1) == shard and _shutdown(conn):
+                ended += 1
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                break
+            _shutdown(conn)  # its QUIT below is not waited for either way
+            self.discard(conn)
+            closed += 1
+        return ended, closed
 
     def close(self) -> None:
         while self._idle:
@@ -233,6 +328,7 @@ class RouterStats:
     frozen_waits: int = 0         # writes that found their range frozen and waited
     frozen_wait_seconds: float = 0.0  # their waits, summed
     frozen_errors: int = 0        # ShardFrozenError raised (the wait ran out)
+    ended_in_flight: int = 0      # statements ended because the map moved their master off
 
 
 class Router:
@@ -338,13 +434,35 @@ class Router:
             if self._map == new and self.source == source:
                 self._version = version
                 return
+            old = self._map
             self._map, self._version, self.source = new, version, source
             self.stats.map_changes += 1
             self.stats.map_changed_at = time.time()
             self._changed.notify_all()
         log.info("shard map version %s from %s: %d ranges", version, source, len(new.ranges))
+        self._end_moved(old, new, version)
         if source == "store":
             self._save_cache()
+
+    def _end_moved(self, old: ShardMap | None, new: ShardMap, version: int) -> None:
+        """End the statements in flight on each server *new* moved off some of its shards
+        (:meth:`Pool.end_in_flight`), after *new* is the map held: a connection handed
+        out later is seen by its caller's look at the map. On a hung master (a stopped
+        process, a hung disk) a statement already sent would otherwise wait out the
+        read timeout while the promoted master takes the writes."""
+        if not self._pools:
+            return
+        for server, moved in masters_moved(old, new).items():
+            pool = self._pools.get(server)
+            if pool is None:
+                continue
+            ended, closed = pool.end_in_flight(moved)
+            self.stats.ended_in_flight += ended
+            if ended or closed:
+                log.log(logging.WARNING if ended else logging.INFO,
+                        "shard map version %s moved %s off shards %s: ended %d statement(s) "
+                        "in flight there, closed %d idle connection(s)",
+                        version, server, _ranges_text(moved), ended, closed)
 
     def _load_cache(self) -> ShardMap | None:
         if not self.cache_file or not self.cache_file.exists():
@@ -509,26 +627,34 @@ class Router:
         With *shard*, a new connection is given up (None) as soon as the map no
         longer names *server* as the shard's master, so a write held in a connect
         to a dead or silent master goes to the promoted one when the map flips,
-        not after the connect timeout. Nothing was sent when None is returned.
-        Raises PyMySQL's OperationalError when no connection could be made; nothing
-        was sent then either. Return the connection with ``pool(server).put`` (or
-        ``discard`` after an error).
+        not after the connect timeout. The map is looked at once more after the
+        connection is handed out: a map that moved *server* off the shard before
+        that is the caller's to follow (None), and one that moves it after ends the
+        connection's statement (:meth:`Pool.end_in_flight`). Nothing was sent when
+        None is returned. Raises PyMySQL's OperationalError when no connection
+        could be made; nothing was sent then either. Return the connection with
+        ``pool(server).put`` (or ``discard`` after an error).
         """
         pool = self.pool(server)
-        conn = pool.get_idle()
-        if conn is not None:
-            return conn
         if shard is None:
-            return pool.connect()
+            return pool.get()
 
         def moved() -> bool:
             m = self.map.find(shard)
             return m is None or m.master != server
 
-        return pool.connect_unless(moved, self.frozen_poll)
+        conn = pool.get_idle(shard)
+        if conn is None:
+            conn = pool.connect_unless(moved, self.frozen_poll, shard=shard)
+        if conn is not None and moved():
+            pool.put(conn)  # unused: nothing was sent on it
+            return None
+        return conn
 
     @contextmanager
     def connection(self, server: str) -> Iterator[pymysql.connections.Connection]:
+        """A connection to *server* for the block (any shard: a map that moves *server*
+        off any of its shards ends the block's statement in flight)."""
         pool = self.pool(server)
         conn = pool.get()
         try:

@@ -15,7 +15,10 @@ read-only refreshes the map and is retried once. A write whose master cannot
 be reached (no connection made, so nothing sent) waits, bounded the same way,
 for the map to name another master and is retried once there; a connection lost
 after a write's statement was sent surfaces as :class:`DatabaseError`, since
-the write may have been applied (see ``Store._on_master``).
+the write may have been applied (see ``Store._on_master``). That includes a
+statement the router ends because a new map moved its server off the shard
+(:meth:`Router._end_moved`: a hung master would otherwise hold it for the read
+timeout); a read ended so is read again where the map now says.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from shardfleet.errors import (
 )
 from shardfleet.router import Router
 from shardfleet.schema import Schema, default_schema, shard_database
+from shardfleet.shardmap import ShardMap
 
 if TYPE_CHECKING:
     from shardfleet.cache import MappingCache, ObjectCache, PendingFill
@@ -154,8 +158,9 @@ class Store:
         * The server refused the statement (fenced shard, read-only): it was not
           applied; the map is refreshed and the statement retried once.
         * The connection failed after the statement was sent (2006/2013
-          mid-statement): a write may have been applied, and repeating an insert
-          would apply it twice, so the error surfaces. A read is retried once.
+          mid-statement), or the router ended the statement because the map moved
+          the shard off that server: a write may have been applied, and repeating an
+          insert would apply it twice, so the error surfaces. A read is retried once.
         """
         retried = False
         for _ in range(8):  # bounded: only a map moving on while connecting loops freely
@@ -228,15 +233,17 @@ class Store:
         raise AssertionError("unreachable")
 
 
-    def _group(self, object_ids: Sequence[int]) -> dict[str, dict[tuple[int, int], list[int]]]:
-        """``{master: {(shard, type): [local, ...]}}`` under the current map.
+    def _group(self, object_ids: Sequence[int], m: ShardMap | None = None
+               ) -> dict[str, dict[tuple[int, int], list[int]]]:
+        """``{master: {(shard, type): [local, ...]}}`` under the map *m* (None: the router's).
 
         A well-formed ID is split with the layout's masks from :mod:`shardfleet.ids`
         inline (``ids.decompose`` per ID, with its checks, cost a quarter of the
         Python time of a 50-ID fetch); anything else goes through ``ids.decompose``,
         which raises naming what is wrong."""
         by_server: dict[str, dict[tuple[int, int], list[int]]] = {}
-        m = self.router.map
+        if m is None:
+            m = self.router.map
         groups: dict[tuple[int, int], list[int]] = {}  # (shard, type) -> the server's list
         for object_id in object_ids:
             if _well_formed(object_id):
@@ -272,21 +279,28 @@ class Store:
             parts.append(head + ",".join(map(str, locals_)) + ")")
         return " UNION ALL ".join(parts)
 
-    def _fetch_many(self, jobs: list[tuple[str, dict[tuple[int, int], list[int]]]]
-                    ) -> list[Any]:
+    def _fetch_many(self, jobs: list[tuple[str, dict[tuple[int, int], list[int]]]],
+                    m: ShardMap) -> list[Any] | None:
         """One statement per server, pipelined: every server's query is sent before any
         result is read, so the servers work at the same time without threads (a thread
         hand-off costs more than it saves on a GIL-bound parse). Uses PyMySQL's
         send/read halves of ``Connection.query``; a failure discards every connection
-        of the batch (their protocol state is unknown)."""
+        of the batch (their protocol state is unknown). None, with nothing sent, when
+        the router's map is no longer *m* (the one *jobs* were grouped by) once the
+        connections are handed out: a map that moves a server off a shard later ends
+        the statement in flight there (:meth:`Router._end_moved`)."""
         from pymysql.constants import COMMAND
 
         taken: list[tuple[Any, Any]] = []
         try:
-            for server, groups in jobs:
+            for server, _ in jobs:
                 pool = self.router.pool(server)
-                conn = pool.get()
-                taken.append((pool, conn))
+                taken.append((pool, pool.get()))
+            if self.router.map is not m:
+                for pool, conn in taken:
+                    pool.put(conn)  # unused: nothing was sent on it
+                return None
+            for (_, conn), (_, groups) in zip(taken, jobs, strict=True):
                 conn._execute_command(COMMAND.COM_QUERY,
                                       self._many_sql(groups).encode("ascii"))
             rows: list[Any] = []
@@ -383,9 +397,13 @@ class Store:
     def _read_one(self, shard: int, sql: str, params: tuple[Any, ...]) -> Any:
         """The hot path of a single-row read on a pooled connection; no idle connection, or
         any error, falls back to :meth:`_on_master` (which connects under its rules)."""
-        pool = self.router.pool(self.router.range_for(shard).master)
-        conn = pool.take_idle()  # unchecked: a dead connection fails here, read again below
-        if conn is not None:
+        router = self.router
+        m = router.map
+        pool = router.pool(m.range_for(shard).master)
+        conn = pool.take_idle(shard)  # unchecked: a dead connection fails here, read again below
+        if conn is not None and router.map is not m:
+            pool.put(conn)  # the map moved while it was handed out: route again, below
+        elif conn is not None:
             try:
                 cur = conn.cursor()
                 cur.execute(sql, params)
@@ -441,22 +459,26 @@ class Store:
 
     def _fetch_raw(self, object_ids: Sequence[int]) -> dict[int, str]:
         """``{id: raw JSON body}`` of the rows found, one statement per server, pipelined."""
-        by_server = self._group(object_ids)
-        rows: list[Any] = []
-        for attempt in (0, 1):
-            jobs = list(by_server.items())
+        retried = False
+        for _ in range(8):  # bounded: only a map moving on while connecting loops freely
+            m = self.router.map
+            jobs = list(self._group(object_ids, m).items())
+            if not jobs:
+                return {}
             try:
-                rows = self._fetch_many(jobs) if jobs else []
-                break
+                rows = self._fetch_many(jobs, m)
             except pymysql.err.MySQLError as exc:
                 errno = mysql_code(exc)
-                if attempt or errno not in REROUTE_ERRNOS | CONNECTION_ERRNOS:
+                if retried or errno not in REROUTE_ERRNOS | CONNECTION_ERRNOS:
                     raise DatabaseError(f"get_many: {exc}") from exc
+                retried = True
                 log.info("get_many refused (%s); refreshing the map and retrying once", errno)
                 self.router.stats.reroutes += 1
                 self.router.refresh()
-                by_server = self._group(object_ids)
-        return dict(rows)  # each row is (ID, body)
+                continue
+            if rows is not None:
+                return dict(rows)  # each row is (ID, body)
+        raise DatabaseError("get_many: the map kept moving while connecting to the masters")
 
     def update(self, object_id: int, changes: Updater) -> Body:
         """Read-modify-write the JSON body in one transaction (``SELECT … FOR UPDATE``).

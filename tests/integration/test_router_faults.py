@@ -5,13 +5,20 @@ greets, a proxy that dies under a pooled connection); a write starts; the map th
 flips to a live server. The write must land there as soon as the map moves, not
 after a connect timeout. A connection lost after the statement was sent is another
 matter: the insert may have been applied, so it must surface, never be repeated.
+A master that hangs (SIGSTOP) with a statement already sent to it: when the map moves
+the range off it, the router ends that statement at once instead of waiting out its
+read timeout (a write surfaces as may-have-happened, a read is read again).
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -23,8 +30,9 @@ from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.router import Router
 from shardfleet.shardmap import ShardRange
 from shardfleet.store import Store
+from shardfleet.testing import MariaDBServer
 
-from .conftest import APP_PASSWORD, APP_USER
+from .conftest import APP_PASSWORD, APP_USER, make_shards
 
 SHARD = 3  # in [0, 15], the first server's range
 TIMEOUT = 20.0  # the router's connect and read timeouts: far above BOUND
@@ -281,3 +289,145 @@ def test_insert_whose_connection_is_lost_after_commit_is_not_retried(
         assert proxy.connections == 1 and proxy.commits == 1
     finally:
         proxy.kill()
+
+
+# -- a hung master (SIGSTOP: a hung disk or kernel) ---------------------------------------
+# Its sockets stay open and the kernel still accepts what is sent; nothing answers. A
+# statement already sent waits for its answer until the router's read timeout, unless the
+# router ends it when the map moves the range to another master.
+
+
+@pytest.fixture(scope="module")
+def hung_master(tmp_path_factory):
+    """A MariaDB server of its own (holding SHARD's database) for the tests to SIGSTOP: the
+    session's pair is shared with every other test and must never be left stopped."""
+    s = MariaDBServer(tmp_path_factory.mktemp("hung"), server_id=9,
+                      extra=["--innodb-file-per-table=0"]).start()
+    s.sql(f"CREATE USER '{APP_USER}'@'%%' IDENTIFIED BY %s", (APP_PASSWORD,))
+    make_shards(s, [SHARD])
+    yield s
+    _cont(s)
+    s.stop(remove=True)
+
+
+def _cont(server: MariaDBServer) -> None:
+    if server.proc is not None and server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def stopped(hung_master):
+    """``stop()`` SIGSTOPs the hung master; it always gets SIGCONT back at teardown."""
+    def stop() -> None:
+        assert hung_master.proc is not None
+        pid = hung_master.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        # kill() returns before every thread of the server has stopped: one could still
+        # answer the statement the test sends next
+        wait_until(lambda: all(_state(pid, t) in ("T", "t", "?")
+                               for t in os.listdir(f"/proc/{pid}/task")), 10,
+                   "every thread of the hung master to stop")
+
+    yield stop
+    _cont(hung_master)
+
+
+def _state(pid: int, tid: str) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except OSError:
+        return "?"  # the thread ended
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
+def blocked_reading(thread: threading.Thread) -> bool:
+    """True when *thread* waits for a server's answer inside PyMySQL (its statement sent)."""
+    frame = sys._current_frames().get(thread.ident or 0)  # noqa: SLF001 - a test's probe
+    while frame is not None:
+        if frame.f_code.co_name == "_read_packet" and "pymysql" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Call:
+    """*fn()* in a thread; records its result or error and when it returned."""
+
+    def __init__(self, fn: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.ended_at = 0.0
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.result = fn()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                self.error = exc
+            finally:
+                self.ended_at = time.monotonic()
+                self.done.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+
+def _sees(store: Store, master: str) -> None:
+    wait_until(lambda: store.router.range_for(SHARD).master == master, 10,
+               f"the router to route shard {SHARD} to {master}")
+
+
+def test_write_in_flight_on_hung_master_ends_when_map_flips(
+        zk_map, slow_router, mariadb_pair, hung_master, stopped):
+    live = mariadb_pair[0]
+    near = ids.compose(SHARD, 1, 1)
+    set_master(zk_map, hung_master.address)
+    store = slow_router()
+    store.create("pin", {"tag": "warm"}, near=near)  # a pooled connection to the master
+    stopped()
+    w = Call(lambda: store.create("pin", {"tag": "in-flight"}, near=near))
+    wait_until(lambda: blocked_reading(w.thread) or w.done.is_set(), 10,
+               "the write to be sent to the hung master")
+    assert not w.done.is_set(), f"write ended before the flip: {w.error!r}"
+    set_master(zk_map, live.address)
+    flipped = time.monotonic()
+    w.done.wait(TIMEOUT + 5)
+    took = w.ended_at - flipped
+    assert w.done.is_set() and took < BOUND, (
+        f"the write in flight on the hung master ended {took:.2f}s after the flip "
+        f"(bound {BOUND}s; the router's read timeout is {TIMEOUT}s)")
+    # "may have happened": the ambiguous-write error, never retried on the new master
+    assert isinstance(w.error, DatabaseError), repr(w.error)
+    cause = w.error.__cause__
+    assert isinstance(cause, pymysql.err.OperationalError) and cause.args[0] == 2013, cause
+    assert rows_tagged(live, "in-flight") == 0, "an ambiguous write was sent again"
+    # the caller goes on: its next write lands on the new master at once
+    t0 = time.monotonic()
+    store.create("pin", {"tag": "after-flip"}, near=near)
+    assert time.monotonic() - t0 < BOUND
+    assert rows_tagged(live, "after-flip") == 1
+
+
+def test_read_in_flight_on_hung_master_is_read_again_on_new_master(
+        zk_map, slow_router, mariadb_pair, hung_master, stopped):
+    live = mariadb_pair[0]
+    near = ids.compose(SHARD, 1, 1)
+    store = slow_router()
+    oid = store.create("pin", {"tag": "read-me"}, near=near)  # on live: the map's master
+    set_master(zk_map, hung_master.address)
+    _sees(store, hung_master.address)
+    store.create("pin", {"tag": "warm"}, near=near)  # a pooled connection to the master
+    stopped()
+    r = Call(lambda: store.get(oid))
+    wait_until(lambda: blocked_reading(r.thread) or r.done.is_set(), 10,
+               "the read to be sent to the hung master")
+    assert not r.done.is_set(), f"read ended before the flip: {r.error!r}"
+    set_master(zk_map, live.address)
+    flipped = time.monotonic()
+    r.done.wait(TIMEOUT + 5)
+    took = r.ended_at - flipped
+    assert r.done.is_set() and took < BOUND, (
+        f"the read in flight on the hung master ended {took:.2f}s after the flip "
+        f"(bound {BOUND}s; the router's read timeout is {TIMEOUT}s)")
+    assert r.error is None, f"read failed: {r.error!r}"
+    assert r.result == {"tag": "read-me"}

@@ -1,8 +1,10 @@
 """The PyMySQL internals the library relies on, pinned (pyproject bounds PyMySQL <1.3):
 ``store.Store._fetch_many`` sends each server its query with ``_execute_command`` and
 reads it later with ``_read_query_result`` (the two halves of ``Connection.query``), and
-``router._idle_ok`` polls ``Connection._sock``. A PyMySQL release that changes them fails
-here, before a pipelined page silently breaks."""
+``router._idle_ok`` polls ``Connection._sock``, and ``router._shutdown`` shuts that socket
+down under a thread blocked reading an answer, which must then get 2013 (the lost
+connection the store reports as a write that may have happened). A PyMySQL release
+that changes them fails here, before a pipelined page or a promotion silently breaks."""
 
 from __future__ import annotations
 
@@ -74,3 +76,39 @@ def test_mysql_code_reads_the_drivers_number_through_the_library_own_errors():
     assert mysql_code(DatabaseError("no number")) == 0
     assert mysql_code(ConnectionRefusedError(111, "Connection refused")) == 0
     assert mysql_code(pymysql.err.InterfaceError("(0, '')")) == 0
+
+
+def test_a_socket_shut_down_under_a_blocked_read_raises_2013_at_once():
+    """What the router relies on to end a statement in flight on a hung server: its
+    thread, blocked in ``_read_packet`` (no answer comes), gets OperationalError 2013 as
+    soon as another thread shuts the socket down, and the connection is closed."""
+    import socket
+    import threading
+    import time
+
+    from shardfleet.router import _shutdown
+
+    sock, peer = socket.socketpair()
+    conn = pymysql.connections.Connection(defer_connect=True, host="hung", port=1)
+    conn._sock, conn._rfile = sock, sock.makefile("rb")
+    conn._current_timeout = None  # what connect() sets
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            conn._read_packet()
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            got.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(0.1)
+    assert t.is_alive(), f"the read did not block: {got}"
+    t0 = time.monotonic()
+    assert _shutdown(conn)
+    t.join(2)
+    assert not t.is_alive() and time.monotonic() - t0 < 1
+    assert isinstance(got[0], pymysql.err.OperationalError) and got[0].args[0] == 2013, got
+    assert not conn.open, "PyMySQL closes the connection it lost"
+    assert not _shutdown(conn), "a closed connection has nothing to end"
+    peer.close()

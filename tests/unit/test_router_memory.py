@@ -175,3 +175,124 @@ def test_a_slow_cache_file_does_not_hold_the_swap_and_ends_on_the_newest_map(
     assert written[-1] == m and len(written) <= 2, "versions during a write are written once"
     r.close()
     assert not r._cache_writer.is_alive(), "the cache writer outlived close()"
+
+
+# -- statements in flight on a server the map moves off their shards ----------------------
+
+def _moved(old, new):
+    from shardfleet.router import masters_moved
+
+    return masters_moved(ShardMap.from_ranges(old), ShardMap.from_ranges(new))
+
+
+def test_masters_moved_names_the_shards_each_master_lost():
+    two = [{"range": [0, 15], "master": "a:1"}, {"range": [16, 31], "master": "c:1"}]
+    assert _moved(two, two) == {}
+    assert _moved(two, [{**two[0], "state": "frozen"}, two[1]]) == {}, "a state is no move"
+    flipped = [{"range": [0, 15], "master": "b:1"}, two[1]]
+    assert _moved(two, flipped) == {"a:1": [(0, 15)]}
+    split = [{"range": [0, 7], "master": "a:1"}, {"range": [8, 15], "master": "e:1"}, two[1]]
+    assert _moved(two, split) == {"a:1": [(8, 15)]}
+    assert _moved(split, two) == {"e:1": [(8, 15)]}
+    assert _moved(two, [two[0]]) == {"c:1": [(16, 31)]}, "a range gone is a range lost"
+    gap = [{"range": [0, 3], "master": "a:1"}, {"range": [10, 15], "master": "a:1"}, two[1]]
+    assert _moved(two, gap) == {"a:1": [(4, 9)]}
+    both = [{"range": [0, 31], "master": "c:1"}]
+    assert _moved(two, both) == {"a:1": [(0, 15)]}
+
+
+class _Blocked:
+    """A PyMySQL connection over a socketpair whose peer never answers (a hung server),
+    and a thread blocked reading its answer."""
+
+    def __init__(self) -> None:
+        import socket
+
+        import pymysql
+
+        self.sock, self.peer = socket.socketpair()
+        self.conn = pymysql.connections.Connection(defer_connect=True, host="a", port=1)
+        self.conn._sock = self.sock
+        self.conn._rfile = self.sock.makefile("rb")
+        self.conn._current_timeout = None  # what connect() sets (PyMySQL >= 1.1)
+        self.error: BaseException | None = None
+        self.ended = threading.Event()
+
+    def read(self) -> None:
+        def run() -> None:
+            try:
+                self.conn._read_packet()
+            except BaseException as exc:  # noqa: BLE001 - checked by the test
+                self.error = exc
+            finally:
+                self.ended.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def close(self) -> None:
+        self.peer.close()
+        self.sock.close()
+
+
+def test_a_map_moving_a_master_off_a_shard_ends_its_statements_in_flight_there():
+    """The watch's thread shuts down the connections handed out for a shard the master
+    lost (or for no known shard): their readers get 2013 at once, not the read timeout.
+    One handed out for a shard the server keeps, and other servers, are left alone; the
+    server's idle connections are closed."""
+    import pymysql
+
+    m = ShardMap.from_ranges([{"range": [0, 15], "master": "a:1"},
+                              {"range": [16, 31], "master": "a:1"}])
+    store = MemoryMapStore(m)
+    r = Router(store)
+    pool = r.pool("a:1")
+    lost, kept, unknown, idle = _Blocked(), _Blocked(), _Blocked(), _Blocked()
+    try:
+        pool.put(lost.conn)
+        assert r.acquire("a:1", 3) is lost.conn  # for shard 3, which moves
+        pool.put(kept.conn)
+        assert pool.take_idle(20) is kept.conn  # for shard 20, which stays
+        pool.put(unknown.conn)
+        assert pool.get() is unknown.conn  # for no known shard (a batch)
+        pool.put(idle.conn)
+        assert pool.in_use() == 3 and pool.idle_count() == 1
+        for b in (lost, kept, unknown):
+            b.read()
+        time.sleep(0.05)
+        assert not any(b.ended.is_set() for b in (lost, kept, unknown)), [
+            b.error for b in (lost, kept, unknown)]
+        moved = m.replace_range(m.range_for(0), m.range_for(0).__class__(0, 15, "b:1"))
+        t0 = time.monotonic()
+        store.write(moved, store.read().version)
+        for b in (lost, unknown):
+            assert b.ended.wait(2), "a statement in flight was not ended"
+            assert isinstance(b.error, pymysql.err.OperationalError), repr(b.error)
+            assert b.error.args[0] == 2013, b.error
+        assert time.monotonic() - t0 < 1.0
+        assert not kept.ended.wait(0.2), f"a shard a:1 keeps was ended: {kept.error!r}"
+        assert pool.idle_count() == 0 and not idle.conn.open, "idle connections stay"
+        assert r.stats.ended_in_flight == 2
+        pool.discard(lost.conn)
+        pool.discard(unknown.conn)
+        assert pool.in_use() == 1
+    finally:
+        for b in (lost, kept, unknown, idle):
+            b.close()
+        r.close()
+
+
+def test_a_connection_handed_out_after_the_map_moved_is_not_used():
+    """acquire() looks at the map after handing a connection out: if the map no longer
+    names the server for the shard, the connection goes back unused (None: route again)."""
+    m = ShardMap.from_ranges([{"range": [0, 15], "master": "a:1"}])
+    r = Router(shard_map=m)
+    pool = r.pool("a:1")
+    b = _Blocked()
+    try:
+        pool.put(b.conn)
+        r._map = m.replace_range(m.range_for(0), m.range_for(0).__class__(0, 15, "b:1"))
+        assert r.acquire("a:1", 3) is None
+        assert pool.idle_count() == 1 and pool.in_use() == 0
+    finally:
+        b.close()
+        r.close()
