@@ -1392,7 +1392,7 @@ def copy_shards(source: str, dest: str, databases: list[str], opts: Options) -> 
     with tempfile.TemporaryDirectory(prefix="sf-rebuild-") as tmp:
         cnf = _client_defaults(tmp, opts)
         load = [client, f"--defaults-extra-file={cnf}", "-h", dh, "-P", dp,
-                "--init-command=SET SESSION sql_log_bin=0"]
+                f"--init-command={replication.SKIP_BINLOG_SQL}"]
         jobs = [[dump, f"--defaults-extra-file={cnf}", "-h", sh, "-P", sp,
                  "--single-transaction", "--gtid", "--master-data=1", "--routines",
                  "--triggers", "--databases", *databases],
@@ -1738,7 +1738,7 @@ class _Rebuild:
             self.run.step("fenced_and_cleared", databases=0)
             return
         with self.nconn.cursor() as c:
-            c.execute("SET SESSION sql_log_bin=0")
+            c.execute(replication.SKIP_BINLOG_SQL)
             for name in self._shard_dbs(self.nconn):
                 c.execute(f"DROP DATABASE `{name}`")
         self.run.step("fenced_and_cleared", databases=len(self.dbs))

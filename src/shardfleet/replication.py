@@ -36,6 +36,11 @@ def gtid_applied(conn: Any) -> str:
     return str(topology.scalar(conn, "SELECT @@GLOBAL.gtid_executed") or "")
 
 
+# A session whose statements stay out of the binary log (not replicated): a node's own
+# cleanup, a copy loaded into a node that gets its GTID position set afterwards.
+SKIP_BINLOG_SQL = "SET SESSION sql_log_bin=0"
+
+
 def gtid_replica_pos(conn: Any) -> str:
     """Where the server's replication would start (MariaDB ``gtid_slave_pos``): after a
     dump replayed with its master data, the copy's position."""
