@@ -657,3 +657,111 @@ def test_the_module_refuses_a_rebuild_marked_standby_with_result_fields(pair, s3
     assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
     r, _ = run_module(tmp_path, "shard_backup", dict(args, shard_map=healthy_map(master, standby)))
     assert r.get("changed") and r["refused"] is False and r["from_healthy_standby"] is True, r
+
+
+# -- defect 3: the binary-log archive keeps each tenure apart ------------------------------
+
+@pytest.fixture
+def lone(tmp_path_factory) -> Iterator[MariaDBServer]:
+    """A master of its own (RESET MASTER on the pair's would break its peer)."""
+    server = MariaDBServer(tmp_path_factory.mktemp("tenure"), server_id=41).start()
+    yield server
+    server.stop(remove=True)
+
+
+def _archived(s3: Any, loc: Location, node: str) -> dict[str, str]:
+    """Every archived object of *node*: key -> sha256 of its bytes."""
+    import hashlib
+
+    root = backup.binlog_root(loc, node)
+    out = {}
+    for o in backup._objects(s3, loc.bucket, root):
+        body = s3.get_object(Bucket=loc.bucket, Key=o["Key"])["Body"].read()
+        out[o["Key"]] = hashlib.sha256(body).hexdigest()
+    return out
+
+
+def _closed_binlogs(server: MariaDBServer) -> dict[str, str]:
+    """The server's closed binary logs: name -> sha256."""
+    import hashlib
+
+    names = [r[0] for r in server.sql("SHOW BINARY LOGS")][:-1]
+    return {n: hashlib.sha256((server.datadir / n).read_bytes()).hexdigest() for n in names}
+
+
+def _rows(server: MariaDBServer, ids_: list[int]) -> None:
+    for i in ids_:
+        server.sql("INSERT INTO tenure.t (id, v) VALUES (%s, 'x')", (i,))
+
+
+def test_a_reset_master_between_two_archive_runs_keeps_both_tenures_and_replays_one(
+        lone, s3, loc, fresh, tmp_path):
+    """RESET MASTER (a physical rebuild, a split attach) restarts the numbering at
+    000001 and, with gtid_binlog_state put back at the copy's position, reuses the GTIDs
+    of the tail it lost. The archive must keep the old tenure's files as they were,
+    archive the new tenure's files too (even those of the same name and size), and a
+    replay from the copy's position must apply the new tenure only: never the lost tail."""
+    lone.sql("CREATE DATABASE tenure")
+    lone.sql("CREATE TABLE tenure.t (id INT PRIMARY KEY, v VARCHAR(8))")
+    _rows(lone, [1, 2, 3])
+    copy_pos = lone.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    lone.sql("FLUSH BINARY LOGS")
+    _rows(lone, [101, 102, 103])            # the tail the rebuild loses
+    backup.archive_binlogs(s3, loc, connect=lone.connect, node=lone.address)
+    old = _archived(s3, loc, lone.address)
+    assert old
+
+    lone.sql("RESET MASTER")
+    lone.sql("SET GLOBAL gtid_binlog_state = %s", (copy_pos,))
+    _rows(lone, [201, 202, 203])            # the new tenure: the same GTIDs as the lost tail
+    lone.sql("FLUSH BINARY LOGS")
+    _rows(lone, [204])
+    end_pos = lone.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    backup.archive_binlogs(s3, loc, connect=lone.connect, node=lone.address)
+    now = _archived(s3, loc, lone.address)
+    changed = {k for k in old if now.get(k) != old[k]}
+    assert not changed, f"the old tenure's history was overwritten or lost: {sorted(changed)}"
+    missing = {n for n, sha in _closed_binlogs(lone).items() if sha not in now.values()}
+    assert not missing, f"the new tenure's files were never archived: {sorted(missing)}"
+
+    # the copy at copy_pos, replayed to the new tenure's end: rows 201-204, not 101-103
+    fresh.sql("SET GLOBAL read_only = OFF")
+    try:
+        conn = fresh.connect()
+        with conn.cursor() as c:
+            c.execute("SET sql_log_bin = 0")
+            c.execute("CREATE DATABASE tenure")
+            c.execute("CREATE TABLE tenure.t (id INT PRIMARY KEY, v VARCHAR(8))")
+            c.execute("INSERT INTO tenure.t (id, v) VALUES (1, 'x'), (2, 'x'), (3, 'x')")
+        conn.close()
+    finally:
+        fresh.sql("SET GLOBAL read_only = ON")
+    cnf = physical.client_defaults(str(tmp_path), "root", MariaDBServer.root_password)
+    client = [shutil.which("mariadb") or "mariadb", f"--defaults-extra-file={cnf}",
+              "--host=127.0.0.1", f"--port={fresh.port}"]
+    backup.replay(s3, loc, node=lone.address, start=copy_pos, client_argv=client,
+                  connect=fresh.connect, stop_gtid=end_pos)
+    got = sorted(r[0] for r in fresh.sql("SELECT id FROM tenure.t"))
+    assert got == [1, 2, 3, 201, 202, 203, 204], f"replayed {got}"
+
+
+def test_a_replay_the_archive_does_not_cover_and_a_changed_file_are_refused(lone, s3, loc,
+                                                                              tmp_path):
+    lone.sql("CREATE DATABASE tenure")
+    lone.sql("CREATE TABLE tenure.t (id INT PRIMARY KEY, v VARCHAR(8))")
+    early = lone.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    lone.sql("FLUSH BINARY LOGS")
+    lone.sql("PURGE BINARY LOGS TO %s", (lone.sql("SHOW MASTER STATUS")[0][0],))
+    _rows(lone, [1, 2])
+    backup.archive_binlogs(s3, loc, connect=lone.connect, node=lone.address)
+    with pytest.raises(backup.RestoreFailed, match="does not cover the start"):
+        backup.replay(s3, loc, node=lone.address, start=early.replace("-2", "-1"),
+                      client_argv=["false"], connect=lone.connect,
+                      stop_gtid=lone.sql("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+    # an archived object whose checksum is not the server's file's: loud, not overwritten
+    (key,) = [k for k in _archived(s3, loc, lone.address)]
+    body = s3.get_object(Bucket=loc.bucket, Key=key)["Body"].read()
+    meta = s3.head_object(Bucket=loc.bucket, Key=key)["Metadata"]
+    s3.put_object(Bucket=loc.bucket, Key=key, Body=body, Metadata=dict(meta, sha256="0" * 64))
+    with pytest.raises(backup.ArchiveConflict, match="differs"):
+        backup.archive_binlogs(s3, loc, connect=lone.connect, node=lone.address, flush=False)
