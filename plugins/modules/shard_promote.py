@@ -247,6 +247,12 @@ resumed:
   description: True when the run finished a promotion an earlier run started.
   returned: always
   type: bool
+recopy:
+  description: I(mode=rebuild) True when the node does not answer after this rebuild fenced
+    it for a physical copy (its install was cut short); a new copy replaces its data
+    directory whole, so the node is left out of the C(mysql) role until then.
+  returned: always
+  type: bool
 channel_removed:
   description: Emergency only, the new master's removed channel to the old master
     (C(name), C(host), C(port), C(user), C(connect_retry)); no password.

@@ -166,6 +166,9 @@ class Result:
     next_step: str = ""
     channel_removed: dict[str, Any] = field(default_factory=dict)
     copy: dict[str, str] = field(default_factory=dict)  # a physical copy to run (rebuild)
+    # (rebuild) the node does not answer after this rebuild fenced it for a physical copy:
+    # a new copy replaces its data directory whole (RECOPY); leave it out of the mysql role
+    recopy: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -1613,7 +1616,7 @@ class _Rebuild:
             # node out of the mysql role, which would fail to start it)
             res.warnings.append(f"{node} does not answer ({why}) after this rebuild fenced "
                                 f"it for a physical copy: {RECOPY}")
-            res.resumed = True
+            res.resumed = res.recopy = True
             if run.check:
                 res.changed = True
                 res.steps.append(f"copy {master}'s data directory to {node} (would)")
