@@ -20,6 +20,11 @@ description:
     does this; the library's rebuild then finishes with the returned position.
   - A copy that does not complete leaves the target's data directory untouched and
     no partial copy behind.
+  - I(mode=receive) installs nothing on a node whose copies a split's abort cancelled
+    (the database C(shardfleet_copy_fence) on the node; the abort creates it before it
+    empties the target pair): it fails before listening, or, when the abort came while
+    it received, before the swap (looked at again once the server is stopped; then the
+    server is started again on its own data). The next split onto the node drops it.
 version_added: "0.2.0"
 author: shardfleet
 options:
@@ -162,33 +167,17 @@ def receive(module):
     if module.check_mode:
         if p.get("tls_dir"):  # a missing or bad certificate fails the preflight, named
             stream_tls(p).server_context  # noqa: B018
+        if physical.cancelled(p["datadir"]):  # the preflight says so before any copy
+            raise physical.CopyCancelled(physical.cancelled_message(
+                p["datadir"], "nothing would be received"))
         module.exit_json(changed=True, msg=f"would listen on {p['bind']}:{p['port']}, extract "
                                            f"into {incoming}, prepare, replace {p['datadir']}")
-    import shutil
-
-    # one copy into a node at a time, from the receive to the restart (a killed copy's
-    # lock goes with its process)
-    with physical.copy_lock(p["datadir"], wait=p["timeout"]) as mark:
-        shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
-        rx = physical.Receiver(p["secret"], bind=p["bind"], port=p["port"],
-                               tls=stream_tls(p))
-        try:  # open until the end: it answers status requests (the split's watch)
-            got = rx.receive(incoming, timeout=p["timeout"],
-                             on_sender=lambda: mark("receiving"))
-            mark("installing")
-            rx.set_phase("preparing")
-            physical.prepare(incoming, use_memory=p["use_memory"])
-            pos = physical.position(incoming)
-            rx.set_phase("installing")
-            physical.install(incoming, p["datadir"], stop=service_action(module, "stop"),
-                             start=service_action(module, "start"), owner=p["owner"])
-            rx.set_phase("installed", position=pos)
-        except BaseException:
-            rx.set_phase("failed")
-            raise
-        finally:
-            rx.close()
-    return dict(changed=True, position=pos, bytes=got.bytes, seconds=round(got.seconds, 3))
+    out = physical.receive_copy(p["secret"], p["datadir"],
+                                stop=service_action(module, "stop"),
+                                start=service_action(module, "start"), bind=p["bind"],
+                                port=p["port"], tls=stream_tls(p), timeout=p["timeout"],
+                                owner=p["owner"], use_memory=p["use_memory"])
+    return dict(changed=True, **out)
 
 
 def stream_tls(p):

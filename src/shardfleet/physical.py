@@ -549,6 +549,31 @@ class CopyBusy(CopyFailed):
     """Another copy into the same data directory is running: nothing was touched."""
 
 
+class CopyCancelled(CopyFailed):
+    """The node's copies were cancelled (:data:`FENCE_DB`): this copy was not installed."""
+
+
+#: A database the split's abort creates on a target node (not binlogged) before it empties
+#: the node: from then on no copy is installed there (:func:`install` looks for its
+#: directory in the data directory, before and after it stops the server). The next split
+#: that names a copy onto the node, or clones onto it, drops it.
+FENCE_DB = "shardfleet_copy_fence"
+
+
+def cancelled(datadir: str) -> bool:
+    """Whether copies into the server of *datadir* are cancelled (its :data:`FENCE_DB`
+    database's directory is there). The server's data directory is the one place both a
+    receiver on the node and a split on the control node reach (the split through SQL),
+    with no credential on the node and no ZooKeeper."""
+    return (Path(datadir) / FENCE_DB).is_dir()
+
+
+def cancelled_message(datadir: str, what: str) -> str:
+    return (f"the copy into {datadir} was cancelled: the split that named it was aborted "
+            f"(database {FENCE_DB} on the node); {what}. A new split onto the node names a "
+            "new copy (and drops that database)")
+
+
 @contextmanager
 def copy_lock(datadir: str, *, wait: float = 0.0) -> Iterator[Callable[[str], None]]:
     """Hold the data directory's copy lock (``<datadir>.copy.lock``, an exclusive
@@ -603,6 +628,47 @@ def copy_lock(datadir: str, *, wait: float = 0.0) -> Iterator[Callable[[str], No
         os.close(fd)  # releases the lock
 
 
+def receive_copy(secret: str, datadir: str, *, stop: Callable[[], Any],
+                 start: Callable[[], Any], bind: str = "0.0.0.0", port: int = 0,
+                 tls: StreamTLS | None = None, timeout: float = 3600.0,
+                 owner: str | None = None, use_memory: str = "256M",
+                 on_listening: Callable[[Receiver], Any] | None = None) -> dict[str, Any]:
+    """A target node's whole part of a copy (``shard_copy`` ``mode=receive``): under the
+    data directory's :func:`copy_lock`, listen (:class:`Receiver`; *on_listening* gets it
+    once bound), extract the stream next to *datadir* (``<datadir>.incoming``),
+    :func:`prepare` it and :func:`install` it in place of *datadir* (*stop* / *start* the
+    server around the swap). Returns the copy's ``position``, ``bytes`` and ``seconds``.
+
+    Refused before anything (:class:`CopyCancelled`, no lock taken, nothing listening) when
+    the node's copies are cancelled (:func:`cancelled`); :func:`install` looks again before
+    and after it stops the server."""
+    if cancelled(datadir):
+        raise CopyCancelled(cancelled_message(datadir, "nothing listened, nothing was touched"))
+    incoming = datadir.rstrip("/") + ".incoming"
+    # one copy into a node at a time, from the receive to the restart (a killed copy's
+    # lock goes with its process)
+    with copy_lock(datadir, wait=timeout) as mark:
+        shutil.rmtree(incoming, ignore_errors=True)  # a copy that never completed
+        rx = Receiver(secret, bind=bind, port=port, tls=tls)
+        try:  # open until the end: it answers status requests (the split's watch)
+            if on_listening is not None:
+                on_listening(rx)
+            got = rx.receive(incoming, timeout=timeout, on_sender=lambda: mark("receiving"))
+            mark("installing")
+            rx.set_phase("preparing")
+            prepare(incoming, use_memory=use_memory)
+            pos = position(incoming)
+            rx.set_phase("installing")
+            install(incoming, datadir, stop=stop, start=start, owner=owner)
+            rx.set_phase("installed", position=pos)
+        except BaseException as exc:
+            rx.set_phase("cancelled" if isinstance(exc, CopyCancelled) else "failed")
+            raise
+        finally:
+            rx.close()
+    return {"position": pos, "bytes": got.bytes, "seconds": round(got.seconds, 3)}
+
+
 def install(directory: str, datadir: str, *, stop: Callable[[], Any],
             start: Callable[[], Any], owner: str | None = None) -> None:
     """Replace the contents of *datadir* by the prepared copy in *directory*: *stop* the
@@ -612,13 +678,32 @@ def install(directory: str, datadir: str, *, stop: Callable[[], Any],
     When anything fails before the server runs on the copy, the old contents go back and
     the server is started on them (the node answers, and a rerun makes a new copy); the
     copy is removed. A data directory on a filesystem of its own (a mount point) cannot
-    keep its old contents aside: they are deleted first, and a failure leaves it empty."""
+    keep its old contents aside: they are deleted first, and a failure leaves it empty.
+
+    Copies into the node cancelled (:func:`cancelled`: a split's abort fenced it) are not
+    installed: :class:`CopyCancelled`, the copy removed. That is looked at before the
+    server is stopped (nothing touched) and again once it stopped, right before the swap:
+    with the server down nothing can fence it any more, so an abort that fenced the node
+    before is always seen, and one that had not fenced it by then cannot fence it before
+    the server runs on the copy (and then empties the copy)."""
     data, new = Path(datadir), Path(directory)
+    if cancelled(datadir):
+        shutil.rmtree(new, ignore_errors=True)
+        raise CopyCancelled(cancelled_message(datadir, "nothing was touched"))
     old = data.with_name(data.name + ".replaced")
     if old.exists():
         shutil.rmtree(old)
     aside = data.parent.stat().st_dev == data.stat().st_dev
     stop()
+    if _fenced_after_stop(datadir):
+        shutil.rmtree(new, ignore_errors=True)
+        try:
+            start()
+        except Exception as exc:
+            raise CopyCancelled(cancelled_message(datadir, f"starting its server again on its "
+                                               f"own data failed ({exc})")) from exc
+        raise CopyCancelled(cancelled_message(datadir, "its server was started again on its "
+                                           "own data"))
     try:
         if aside:
             old.mkdir()
@@ -646,6 +731,12 @@ def install(directory: str, datadir: str, *, stop: Callable[[], Any],
     finally:
         shutil.rmtree(new, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _fenced_after_stop(datadir: str) -> bool:
+    """The look right before the swap, the server stopped (its own function: the tests
+    hold a receiver here)."""
+    return cancelled(datadir)
 
 
 def _restore(data: Path, old: Path, stop: Callable[[], Any], start: Callable[[], Any]) -> None:

@@ -28,8 +28,12 @@ after any failure continues where it stopped::
                it was.
     cleanup    (explicit) drop the moved databases from the source pair and
                anything outside its ranges from the target pair
-    abort      (before cutover) remove the split's replication, freeze and
-               fence, and the target's copies; map and source as they were
+    abort      (before cutover) under the locks of every server the split changes
+               (source, target, target standby) and refused beside another
+               operation in flight on them: first cancel the physical copy's
+               receivers on the target pair (none installs after that), then
+               remove the split's replication, freeze and fence, and the
+               target's copies; map and source as they were
 
 The write stall is the time between the freeze and the flip: the fence is one
 UPDATE of ``mysql.db`` plus ``FLUSH PRIVILEGES`` (constant time; REVOKE costs
@@ -60,7 +64,7 @@ from shardfleet.errors import (
     ShardfleetError,
 )
 from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
-from shardfleet.ops import Journal, Runner, Step, StepResult, servers_lock
+from shardfleet.ops import Journal, Runner, Step, StepResult
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
 from shardfleet.tls import TLS, StreamTLS
@@ -258,12 +262,19 @@ class Split:
         return f"split_{self.moving[0]}_{self.moving[1]}"
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold both pairs' operation locks (one operation at a time per pair)."""
-        with servers_lock(self.store, [self.spec.source, self.spec.target],
-                          timeout=self.lock_timeout,
-                          identifier=f"split {self.spec.source} -> {self.spec.target}"):
-            yield
+    def locked(self, *, check: bool = False) -> Iterator[Runner]:
+        """The split's runner holding the locks of every server the split changes (source,
+        target, target standby), the journal resolved under them, and refusing (before
+        anything changed) beside another operation in flight on any of them (this split's
+        own journal aside). *check*: no lock taken, but refused when one is held."""
+        runner = self.runner()
+
+        def prepare() -> str:
+            self.resolve()
+            return self.name
+
+        with runner.held(prepare, check=check):
+            yield runner
 
     # -- resolving what moves ------------------------------------------------
     def resolve(self) -> dict[str, Any] | None:
@@ -530,6 +541,7 @@ class Split:
             self._note(clone_method="logical")
             data = self.journal.data if self.journal else None
         tgt, src = self.spec.target, self.spec.source
+        self._unfence_receivers([tgt], binlog=True)  # an aborted physical attempt's cancel
         there = self._shard_dbs(tgt)
         kept = [d for d in (data or {}).get("clone_done", [])
                 if d in set(self.databases) and d in there]
@@ -607,6 +619,7 @@ class Split:
                    clone_progress={"phase": "copying", "copy_id": copy["copy_id"],
                                    "bytes_estimated": copy["bytes_estimated"],
                                    "started_at": round(time.time(), 3)})
+        self._unfence_receivers(targets)  # an abort's cancel of older copies lifted
         return StepResult("clone", True, f"copy {src}'s data directory to {targets[0]} and "
                           f"{targets[1]} (physical, ~{copy['bytes_estimated']} bytes of "
                           "InnoDB data), then run the split again with the copy's GTID "
@@ -724,6 +737,7 @@ class Split:
         self._note(copy_attaching=named)
         dropped = sum(len(d) for d in self._on_both(nodes, lambda n: self._reset_node(
             n, sorted(self._shard_dbs(n) - set(self.databases)), pos)))
+        self._unfence_receivers(nodes)  # carried by a copy of a node once fenced
         self._pair_up(nodes)
         self._create_channel(pos)
         problems = self._pair_health()
@@ -1458,6 +1472,8 @@ class Split:
         if entry is not None and entry.master == self.spec.target:
             raise SplitError("the map was flipped to the target already; run the cutover step "
                              "to finish it instead of aborting")
+        # first of all, no receiver of this split's copy may install any more
+        receivers = self._fence_receivers(data)
         removed = self._remove_channel()
         unfenced = self._set_fence(False)
         restored = self._thaw()
@@ -1467,6 +1483,7 @@ class Split:
             copies = sorted(self._shard_dbs(self.spec.target) & set(self.databases))
             provision.apply_drop(self.conn(self.spec.target), copies,
                                  app_user=self.creds.app_user, app_host=self.creds.app_host)
+        self._check_fenced_and_empty(receivers)
         self._record("aborted", state="aborted")
         did = [w for w, yes in (("removed the replication", removed),
                                 (f"lifted the fence on {unfenced} grant(s)", unfenced),
@@ -1474,6 +1491,50 @@ class Split:
                                 (f"dropped {len(copies)} copies from the target", copies)) if yes]
         return StepResult("abort", True, "aborted: " + (", ".join(did) or "nothing to undo"),
                           time.monotonic() - t0)
+
+    def _fence_receivers(self, data: dict[str, Any]) -> list[str]:
+        """Cancel the copies into the nodes the journal's physical copy names (none: no
+        receiver of this split can exist): :data:`shardfleet.physical.FENCE_DB` created
+        on each, not binlogged (each node its own). A receiver installs only when it
+        does not find it, looked at once its server is stopped for the swap
+        (:func:`shardfleet.physical.install`): so once this returned, no receiver that
+        had not stopped the server yet installs; one that had is installing and the node
+        does not answer (the connection waits for it, ``start_wait``, and then this runs on
+        the copy, which the abort then empties). Returns the nodes fenced."""
+        nodes = [str(n) for n in ((data.get("copy") or {}).get("targets") or ()) if n]
+        for n in nodes:
+            self._exec(n, "SET SESSION sql_log_bin = 0")
+            try:
+                self._exec(n, f"CREATE DATABASE IF NOT EXISTS `{physical.FENCE_DB}` "
+                              "COMMENT 'copies cancelled by a split abort'")
+            finally:
+                self._exec(n, "SET SESSION sql_log_bin = 1")
+        return nodes
+
+    def _unfence_receivers(self, nodes: Sequence[str], *, binlog: bool = False) -> None:
+        """A new copy (or clone) onto *nodes*: an abort's cancel of the copies into them
+        lifted. *binlog*: dropped on the first node and replicated to its peer (a logical
+        clone, which talks to the target's master only); else on each node, not binlogged."""
+        for n in nodes[:1] if binlog else nodes:
+            if not binlog:
+                self._exec(n, "SET SESSION sql_log_bin = 0")
+            try:
+                self._exec(n, f"DROP DATABASE IF EXISTS `{physical.FENCE_DB}`")
+            finally:
+                if not binlog:
+                    self._exec(n, "SET SESSION sql_log_bin = 1")
+
+    def _check_fenced_and_empty(self, nodes: Sequence[str]) -> None:
+        """The abort's end on the fenced *nodes*: each still fenced and holding no shard
+        database (the server the abort emptied is the one it fenced); else SplitError and
+        the abort is not recorded (run it again)."""
+        for n in nodes:
+            fenced = self._exec(n, "SHOW DATABASES LIKE %s", (physical.FENCE_DB,))
+            left = sorted(self._shard_dbs(n))
+            if not fenced or left:
+                raise SplitError(f"{n} changed while the abort ran (fenced: {bool(fenced)}, "
+                                 f"{len(left)} shard database(s) there): a copy was installed "
+                                 "meanwhile; run the abort again")
 
     def _empty_target_pair(self) -> list[str]:
         """The abort of a physical clone: a copy of the source may be installed on either
@@ -1545,14 +1606,13 @@ class Split:
         if step not in STEPS + ("all", "abort"):
             raise SplitError(f"step {step!r} is not one of {', '.join(STEPS + ('all', 'abort'))}")
         if step == "abort":
-            with self.locked():
-                self.resolve()
+            with self.locked(check=check) as runner:
                 if check:
                     data = self.journal.data if self.journal else None
                     todo = 0 <= self.progress(data) < PROGRESS["cutover"]
                     return [StepResult("abort", todo, "would undo the split" if todo
                                        else "nothing to undo")]
-                return [self.abort()]
+                return runner.run([Step("abort", lambda: False, self.abort, always=True)])
         names = (["check", "clone", "replicate", "cutover"] + (["cleanup"] if cleanup else [])
                  if step == "all" else (["check", step] if step != "check" else ["check"]))
         runner = self.runner()
@@ -1573,7 +1633,8 @@ class Split:
         return Runner(self.store, self.spec.name or "split", [
             self.spec.source, self.spec.target, self.spec.target_standby or ""],
             lock_timeout=self.lock_timeout,
-            identifier=f"split {self.spec.source} -> {self.spec.target}")
+            identifier=f"split {self.spec.source} -> {self.spec.target}",
+            kind="split", finished_by=("cutover", "cleanup", "aborted"))
 
     def steps(self, names: Sequence[str]) -> list[Step]:
         """The split's step table (see the module docstring), the rows *names*."""

@@ -8,11 +8,13 @@ a stale or half-attached copy refused, and abort after a copy."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from typing import Any
 
 import pytest
 
-from shardfleet import provision
+from shardfleet import physical, provision
 from shardfleet.split import SplitError
 from shardfleet.testing import MariaDBServer
 from shardfleet.testing.kit import (
@@ -301,3 +303,206 @@ def test_a_killed_runs_watch_writing_progress_does_not_fail_the_rerun(fleet, mon
     assert (j.get("clone_progress") or {}).get("copy_id") == new["copy_id"], j
     with fleet.split() as sp:
         sp.run("abort")
+
+
+# -- abort beside a copy receiver that is still installing -----------------------------------
+
+def _copy_in_background(fleet: SplitFleet, copy: dict[str, Any]
+                        ) -> tuple[threading.Thread, dict[str, Any]]:
+    """The copy split.yml's receivers and sender make, in a thread (its outcome in the
+    returned dict: ``position`` or ``error``)."""
+    out: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            out["position"] = copy_physically(fleet, copy)[0]
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=go, daemon=True, name="copy")
+    t.start()
+    return t, out
+
+
+def _wait_for(what: str, cond: Any, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("hold", ["prepared", "server-stopped"])
+def test_abort_beside_a_receiver_still_installing_leaves_the_target_pair_empty(
+        fleet, monkeypatch, hold):
+    """Both target nodes' receivers got the whole copy and hold at the instant before their
+    swap (*prepared*: before the install begins; *server-stopped*: the node's server
+    stopped for the swap) while the split is aborted; then they go on. Whatever the
+    instant, no receiver installs after the abort completed: the target pair ends empty
+    and a new split of the same range onto it is accepted (no 'target not empty')."""
+    release = threading.Event()
+    arrived: list[str] = []
+    if hold == "prepared":
+        real_install = physical.install
+
+        def held_install(directory: str, datadir: str, **kw: Any) -> None:
+            arrived.append(datadir)
+            release.wait(600)
+            real_install(directory, datadir, **kw)
+
+        monkeypatch.setattr(physical, "install", held_install)
+    else:
+        for node in (fleet.target, fleet.standby):
+            def held_stop(remove: bool = False, _real: Any = node.stop,
+                          _addr: str = node.address) -> None:
+                _real(remove=remove)
+                if _addr not in arrived:  # the swap's stop, not a later one
+                    arrived.append(_addr)
+                    release.wait(600)
+
+            monkeypatch.setattr(node, "stop", held_stop)
+    with fleet.split(clone="physical") as sp:
+        copy = sp.run("all")[-1].details["copy"]
+    copying, outcome = _copy_in_background(fleet, copy)
+    try:
+        _wait_for("both receivers at their swap",
+                  lambda: len(arrived) == 2 or not copying.is_alive())
+        assert len(arrived) == 2, f"the copy ended before its swap: {outcome}"
+        aborted: dict[str, Any] = {}
+
+        def abort() -> None:
+            try:
+                with fleet.split() as sp:
+                    aborted["result"] = sp.run("abort")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                aborted["error"] = exc
+
+        aborting = threading.Thread(target=abort, daemon=True, name="abort")
+        aborting.start()
+        if hold == "prepared":
+            aborting.join(300)  # nothing keeps the abort waiting here
+            assert not aborting.is_alive(), "the abort hung"
+        else:
+            aborting.join(3.0)  # the servers are down: the abort cannot be done yet
+            assert not aborting.is_alive() or "result" not in aborted, aborted
+        release.set()
+        copying.join(600)
+        aborting.join(600)
+        assert not copying.is_alive() and not aborting.is_alive()
+    finally:
+        release.set()
+    assert "error" not in aborted, f"the abort failed: {aborted['error']!r}"
+    assert aborted["result"][-1].changed, aborted["result"][-1].msg
+    assert journal(fleet).get("step") == "aborted"
+    for node in (fleet.target, fleet.standby):
+        left = shard_dbs(node)
+        assert left == set(), (f"{node.address} holds {len(left)} shard database(s) after "
+                               f"the abort (the receiver installed after it: {outcome})")
+    with fleet.split(clone="physical") as sp:  # the same range onto the same target
+        res = sp.run("check")
+    assert [r.step for r in res] == ["check"] and "ok" in res[0].msg, res[0].msg
+    if hold == "prepared":  # cancelled before it touched anything
+        assert "cancelled" in str(outcome.get("error")), outcome
+
+
+def test_abort_takes_the_target_standbys_lock(fleet):
+    """Abort changes the target's standby too: a lock held on it (a rebuild of it, say)
+    makes the abort refuse with LockBusy, nothing changed; once it is free the abort runs."""
+    from shardfleet import ops
+    from shardfleet.mapstore import ZooKeeperMapStore
+
+    with fleet.split(clone="physical") as sp:
+        sp.run("all")  # a copy named: the split is in flight
+    other = ZooKeeperMapStore(fleet.zk_address, fleet.cluster)
+    try:
+        with ops.pair_lock(other, ops.server_lock_name(fleet.standby.address),
+                           identifier="rebuild of the target's standby"):
+            with pytest.raises(ops.LockBusy, match="rebuild of the target's standby"):
+                with fleet.split(lock_timeout=1.0) as sp:
+                    sp.run("abort")
+    finally:
+        other.close()
+    assert journal(fleet).get("step") == "started"
+    with fleet.split() as sp:
+        assert sp.run("abort")[-1].changed
+    assert journal(fleet).get("step") == "aborted"
+
+
+def test_abort_refuses_beside_another_operation_in_flight_on_the_target_standby(fleet):
+    """Another unfinished operation on the target's standby (its journal: a rebuild that
+    holds no lock between its runs) makes the abort refuse (OperationInFlight), nothing
+    changed; the split's own journal never does."""
+    from shardfleet import ops
+
+    with fleet.split(clone="physical") as sp:
+        sp.run("all")  # a copy named: the split is in flight
+    rebuild = ops.Journal(fleet.store, "rebuild-target-standby")
+    rebuild.load()
+    rebuild.save({"kind": "rebuild", "servers": [fleet.standby.address],
+                  "node": fleet.standby.address, "step": "copy", "done": False})
+    try:
+        with pytest.raises(ops.OperationInFlight, match="rebuild-target-standby"):
+            with fleet.split() as sp:
+                sp.run("abort")
+        assert journal(fleet).get("step") == "started"
+    finally:
+        rebuild.load()
+        rebuild.delete()
+    with fleet.split() as sp:
+        assert sp.run("abort")[-1].changed
+    assert journal(fleet).get("step") == "aborted"
+
+
+def test_a_receiver_whose_node_was_fenced_as_it_stopped_the_server_installs_nothing(
+        fleet, monkeypatch):
+    """The abort's fence landed on a target node just before its receiver stopped the
+    server for the swap (the look before the stop saw nothing): the look after the stop
+    sees it, the server is started again on its own data, nothing is installed."""
+    release = threading.Event()
+    arrived: list[str] = []
+    for node in (fleet.target, fleet.standby):
+        def held_stop(remove: bool = False, _real: Any = node.stop,
+                      _node: MariaDBServer = node) -> None:
+            _real(remove=remove)
+            if _node.address not in arrived:
+                # what a CREATE DATABASE that completed right before the shutdown leaves
+                (_node.datadir / physical.FENCE_DB).mkdir()
+                arrived.append(_node.address)
+                release.wait(600)
+
+        monkeypatch.setattr(node, "stop", held_stop)
+    with fleet.split(clone="physical") as sp:
+        copy = sp.run("all")[-1].details["copy"]
+    copying, outcome = _copy_in_background(fleet, copy)
+    try:
+        _wait_for("both receivers at their swap",
+                  lambda: len(arrived) == 2 or not copying.is_alive())
+        assert len(arrived) == 2, f"the copy ended before its swap: {outcome}"
+    finally:
+        release.set()
+    copying.join(600)
+    assert "cancelled" in str(outcome.get("error")) and "started again" in str(
+        outcome.get("error")), outcome
+    for node in (fleet.target, fleet.standby):
+        assert shard_dbs(node) == set(), node.address  # its own (empty) data, running
+        assert node.sql("SHOW DATABASES LIKE %s", (physical.FENCE_DB,)), node.address
+    with fleet.split() as sp:
+        assert sp.run("abort")[-1].changed
+    with fleet.split(clone="physical") as sp:  # a new copy lifts the fence
+        assert sp.run("all")[-1].waits
+    for node in (fleet.target, fleet.standby):
+        assert not node.sql("SHOW DATABASES LIKE %s", (physical.FENCE_DB,)), node.address
+    with fleet.split() as sp:
+        sp.run("abort")
+
+
+def test_a_receiver_on_a_fenced_node_refuses_before_listening(tmp_path):
+    """shard_copy's receive on a node whose copies an abort cancelled: refused before any
+    lock or listening, nothing touched."""
+    datadir = tmp_path / "mysql"
+    (datadir / physical.FENCE_DB).mkdir(parents=True)
+    listening: list[Any] = []
+    with pytest.raises(physical.CopyCancelled, match="cancelled.*nothing listened"):
+        physical.receive_copy("s", str(datadir), stop=lambda: None, start=lambda: None,
+                              bind="127.0.0.1", on_listening=listening.append)
+    assert not listening
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mysql"]
