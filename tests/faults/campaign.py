@@ -318,10 +318,11 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
                                 f"{proc.lines[-5:]}")
             return
         sid = f"{proc.session[0]:#x}"
+        sent = round(time.monotonic() - run.schedule.t0, 3)  # the note's time is the end
         try:
             expire_session(scene.zk, proc.session)
             run.schedule.note("ZooKeeper session expired", at=plan["at"], session=sid,
-                              op_running=proc.running)
+                              since=sent, op_running=proc.running)
         except SessionGone as exc:
             # the process closed its session: it was ending (its result says how)
             run.schedule.note("the operation's session was already closed", at=plan["at"],
@@ -388,6 +389,14 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
 
 def end_operation(run: Run, proc: OpProcess, proxy: ReplyLosingProxy | None) -> None:
     rc = proc.wait(180)
+    if proc.finished_at is not None:
+        # when its work ended (before it closed its store), and in which session: another
+        # than the one it started with means it saw its first session expire
+        first = proc.session[0] if proc.session else None
+        run.schedule.note("operation's work ended", at_t=round(proc.finished_at
+                                                               - run.schedule.t0, 3),
+                          same_session=proc.finished_session == first,
+                          session=proc.finished_session and f"{proc.finished_session:#x}")
     run.schedule.note("operation process ended", rc=rc, result=proc.result or proc.lines[-3:])
     if proxy is not None and proxy.lost.is_set():
         run.schedule.note("proxy", lost_a_reply=True)

@@ -21,8 +21,10 @@ The JSON names the operation and its arguments:
 connections to the first go to the second (a proxy the nemesis can partition: the
 control node cut off from one server while the routers still reach it). The process
 prints ``SESSION <id> <password>`` (hex) and ``READY`` once its ZooKeeper session is up
-(the nemesis times its fault from there; ``session_expiry`` ends that session), then
-``RESULT ok <summary>`` or ``RESULT error <type>: <message>`` (exit 3).
+(the nemesis times its fault from there; ``session_expiry`` ends that session),
+``FINISHED <monotonic> <session id>`` when the operation returned or raised (before its
+store is closed), then ``RESULT ok <summary>`` or ``RESULT error <type>: <message>``
+(exit 3).
 """
 
 from __future__ import annotations
@@ -214,6 +216,10 @@ def main() -> int:
         print(f"RESULT error {type(exc).__name__}: {' '.join(str(exc).split())}", flush=True)
         return 3
     finally:
+        # when the operation's work ended, and in which ZooKeeper session (another than
+        # SESSION's: the first expired and the client made a new one)
+        now = store.session()
+        print(f"FINISHED {time.monotonic()} {now and format(now, 'x')}", flush=True)
         store.close()
     print(f"RESULT ok {summary}", flush=True)
     return 0

@@ -74,7 +74,9 @@ class OpProcess:
     ``SESSION``, ``READY`` and ``RESULT`` lines, killed with SIGKILL on demand.
 
     ``SESSION <id> <password>`` (both hex) names the process's ZooKeeper session once
-    its store is connected: :attr:`session`, for :func:`expire_session`."""
+    its store is connected: :attr:`session`, for :func:`expire_session`. ``FINISHED
+    <monotonic> <session id>`` says when the operation's work ended (:attr:`finished_at`,
+    this machine's monotonic clock) and in which session (:attr:`finished_session`)."""
 
     def __init__(self, script: Path, spec: dict[str, Any], log_path: Path) -> None:
         self.log_path = log_path
@@ -82,6 +84,8 @@ class OpProcess:
         self.ready = threading.Event()
         self.ready_at = 0.0
         self.session: tuple[int, bytes] | None = None
+        self.finished_at: float | None = None
+        self.finished_session: int | None = None
         self.proc = subprocess.Popen(
             [sys.executable, str(script), json.dumps(spec)], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
@@ -97,6 +101,13 @@ class OpProcess:
                 parts = line.split()
                 try:
                     self.session = (int(parts[1], 16), bytes.fromhex(parts[2]))
+                except (IndexError, ValueError):
+                    pass
+            if line.startswith("FINISHED "):
+                parts = line.split()
+                try:
+                    self.finished_at = float(parts[1])
+                    self.finished_session = int(parts[2], 16) if parts[2] != "None" else None
                 except (IndexError, ValueError):
                     pass
             if line.startswith("READY") and not self.ready.is_set():
