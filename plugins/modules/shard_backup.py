@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: shard_backup
 short_description: Back up a MySQL node to S3, list, restore and prune its pair's backups
 description:
-  - I(mode=plan) runs on the control node: from I(report) (what C(shard_info) returned)
+  - I(mode=plan) runs on the control node; from I(report) (what C(shard_info) returned)
     it names each pair's standby to back up, and skips, with a warning naming the pair and
     why, a pair whose map entry has no standby or whose standby is not healthy (marked
     C(rebuild) in the map, replication stopped, lagging beyond I(max_lag_seconds) or
@@ -19,7 +19,7 @@ description:
     replicating), optionally zstd-compressed, straight into S3 by multipart upload with
     server-side encryption C(AES256), under
     C(<prefix>/<cluster>/<pair>/<backup-id>/), then writes C(manifest.json) last (GTID
-    position, size, sha256, per-shard checksums). Only a healthy standby is backed up:
+    position, size, sha256, per-shard checksums). Only a healthy standby is backed up;
     a writable node (a master) is refused unless I(allow_master); so is a node that
     I(shard_map) marks C(rebuild) or does not name as a standby, one whose replication
     IO or SQL thread is not running, and one further behind than I(max_lag_trx)
@@ -259,7 +259,7 @@ EXAMPLES = r"""
 RETURN = r"""
 plan:
   description: I(mode=plan) C(backup) (the standbys to back up, host:port) and C(skipped)
-    (each pair not backed up: pair, master, standby, reasons).
+    (each pair not backed up, with pair, master, standby, reasons).
   returned: mode=plan
   type: dict
 refused:
