@@ -122,3 +122,11 @@ def test_every_journal_carries_the_header_the_registry_reads(stores):
         j.step("end")
     assert ops.Journal(a, "thing-1").load()["done"] is True
     assert ops.in_flight(a) == []
+    # a journal written later outside its runner (an abort, a cleanup) keeps the header
+    # it had: its finishing steps still finish it
+    j = ops.Journal(a, "thing-1")
+    j.load()
+    j.save(dict(j.data or {}, done=False, step="middle"))
+    assert [op.name for op in ops.in_flight(a)] == ["thing-1"]
+    j.step("end")
+    assert ops.in_flight(a) == []

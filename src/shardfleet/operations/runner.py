@@ -264,10 +264,13 @@ def _kind(name: str, d: dict[str, Any]) -> str:
 
 
 def _finished(d: dict[str, Any]) -> bool:
-    """The header's ``done`` (before the header: ``done``, or a split past its cutover)."""
+    """The header's ``done``, or its ``step`` is one of its ``finished_by`` (a journal
+    written outside its runner keeps the header it had; before the header: ``done``, or a
+    split past its cutover)."""
+    step = str(d.get("step") or "")
     if "servers" in d:
-        return bool(d.get("done"))
-    return bool(d.get("done")) or str(d.get("step") or "") in _LEGACY_FINISHED
+        return bool(d.get("done")) or step in (d.get("finished_by") or ())
+    return bool(d.get("done")) or step in _LEGACY_FINISHED
 
 
 def _servers(d: dict[str, Any]) -> list[str]:
@@ -383,6 +386,7 @@ class Runner:
         step = str(data.get("step") or "start")
         return {"kind": self.kind, "servers": self.servers, "step": step,
                 "done": bool(data.get("done")) or step in self.finished_by,
+                "finished_by": list(self.finished_by),
                 "epoch": self.fence.epoch if self.fence else 0}
 
     def check_fence(self) -> None:
