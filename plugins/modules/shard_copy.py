@@ -21,10 +21,10 @@ description:
   - A copy that does not complete leaves the target's data directory untouched and
     no partial copy behind.
   - I(mode=receive) installs nothing on a node whose copies a split's abort cancelled
-    (the database C(shardfleet_copy_fence) on the node; the abort creates it before it
-    empties the target pair): it fails before listening, or, when the abort came while
-    it received, before the swap (looked at again once the server is stopped; then the
-    server is started again on its own data). The next split onto the node drops it.
+    (the database C(shardfleet_copy_fence) on the node, which the abort creates before it
+    empties the target pair). It fails before listening; or, when the abort came while
+    it received, before the swap (looked at again once the server is stopped, and then
+    the server is started again on its own data). The next split onto the node drops it.
 version_added: "0.2.0"
 author: shardfleet
 options:

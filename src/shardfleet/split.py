@@ -1503,12 +1503,9 @@ class Split:
         the copy, which the abort then empties). Returns the nodes fenced."""
         nodes = [str(n) for n in ((data.get("copy") or {}).get("targets") or ()) if n]
         for n in nodes:
-            self._exec(n, "SET SESSION sql_log_bin = 0")
-            try:
+            with self._unlogged(n):
                 self._exec(n, f"CREATE DATABASE IF NOT EXISTS `{physical.FENCE_DB}` "
                               "COMMENT 'copies cancelled by a split abort'")
-            finally:
-                self._exec(n, "SET SESSION sql_log_bin = 1")
         return nodes
 
     def _unfence_receivers(self, nodes: Sequence[str], *, binlog: bool = False) -> None:
@@ -1516,13 +1513,21 @@ class Split:
         lifted. *binlog*: dropped on the first node and replicated to its peer (a logical
         clone, which talks to the target's master only); else on each node, not binlogged."""
         for n in nodes[:1] if binlog else nodes:
-            if not binlog:
-                self._exec(n, "SET SESSION sql_log_bin = 0")
-            try:
+            with self._unlogged(n, on=not binlog):
                 self._exec(n, f"DROP DATABASE IF EXISTS `{physical.FENCE_DB}`")
-            finally:
-                if not binlog:
-                    self._exec(n, "SET SESSION sql_log_bin = 1")
+
+    @contextmanager
+    def _unlogged(self, node: str, *, on: bool = True) -> Iterator[None]:
+        """Statements on *node* not binlogged (each node of a pair its own) while held
+        (*on*; else binlogged as ever)."""
+        if not on:
+            yield
+            return
+        self._exec(node, replication.SKIP_BINLOG_SQL)
+        try:
+            yield
+        finally:
+            self._exec(node, "SET SESSION sql_log_bin = 1")
 
     def _check_fenced_and_empty(self, nodes: Sequence[str]) -> None:
         """The abort's end on the fenced *nodes*: each still fenced and holding no shard
@@ -1562,12 +1567,9 @@ class Split:
             name = str(ch.get("Connection_name") or "")
             self._exec(node, replication.slave_sql("STOP", name))
             self._exec(node, replication.slave_sql("RESET", name, "ALL"))
-        self._exec(node, "SET SESSION sql_log_bin = 0")
-        try:
+        with self._unlogged(node):
             provision.apply_drop(c, drop, app_user=self.creds.app_user,
                                  app_host=self.creds.app_host)
-        finally:
-            self._exec(node, "SET SESSION sql_log_bin = 1")
         self._exec(node, "RESET MASTER")
         if pos:
             self._exec(node, "SET GLOBAL gtid_binlog_state = %s", (pos,))
