@@ -24,6 +24,7 @@ import pytest
 from shardfleet import ops, promote, replication
 from shardfleet.promote import PromotionFailed, PromotionRefused
 from shardfleet.testing import MariaDBServer
+from shardfleet.testing.nemesis import expire_store_session
 
 from . import test_promote as tp
 from .test_promote import (
@@ -567,23 +568,6 @@ def test_a_rebuild_that_lost_the_master_after_clearing_the_mark_is_finished_by_i
 
 # -- a run that lost its ZooKeeper session (its locks) -------------------------------------
 
-def expire_session(store: Any) -> None:
-    """ZooKeeper's session-expiry trick: a second client on *store*'s session id and
-    password, then closed. The server ends the session, and every ephemeral node it held
-    (the operation's locks) with it; *store*'s client goes on with a new session."""
-    from kazoo.client import KazooClient
-
-    sid, password = store.client.client_id
-    twin = KazooClient(hosts=store.where, client_id=(sid, password), timeout=10)
-    twin.start(timeout=30)
-    twin.stop()
-    twin.close()
-    deadline = time.monotonic() + 30
-    while store.client.client_id is None or store.client.client_id[0] == sid \
-            or not store.client.connected:
-        assert time.monotonic() < deadline, "the session never expired"
-        time.sleep(0.05)
-
 
 def writable(server: MariaDBServer) -> bool:
     return server.sql("SELECT @@GLOBAL.read_only")[0][0] == 0
@@ -605,7 +589,7 @@ def test_a_run_that_lost_its_session_acts_no_more(pair, zk_store, zookeeper, mon
         left = real(conn, timeout)
         if "b" not in seen:  # A, fencing the master: its session ends, B runs to the end
             seen["b"] = None
-            expire_session(zk_store)
+            expire_store_session(zk_store)
             other = ZooKeeperMapStore(zookeeper.address, zk_store.cluster)
             try:
                 seen["b"] = promote.promote(other, PAIR, nodes(pair), mode="planned",

@@ -4,7 +4,6 @@ out of its own journal, and every journal carries the one header the registry re
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -13,26 +12,11 @@ import pytest
 from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.operations import runner as ops
 from shardfleet.operations.runner import LockLost, Runner, Step, StepResult
+from shardfleet.testing.nemesis import expire_store_session
 
 pytestmark = pytest.mark.integration
 
 A, B = "10.0.0.1:3306", "10.0.0.2:3306"
-
-
-def expire_session(store: ZooKeeperMapStore) -> None:
-    """The expiry trick: a second client on the same session id and password, then
-    closed; *store*'s client then goes on with a new session."""
-    from kazoo.client import KazooClient
-
-    sid, password = store.client.client_id
-    twin = KazooClient(hosts=store.where, client_id=(sid, password), timeout=10)
-    twin.start(timeout=30)
-    twin.stop()
-    twin.close()
-    deadline = time.monotonic() + 30
-    while store.session() in (None, sid) or not store.connected:
-        assert time.monotonic() < deadline, "the session never expired"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -63,7 +47,7 @@ def test_a_run_whose_session_expired_stops_before_its_next_action(stores):
     journal = ops.Journal(a, "test-op")
     with pytest.raises(LockLost, match="session"):
         with run.held():
-            run.run(table(did, journal, lambda: expire_session(a)))
+            run.run(table(did, journal, lambda: expire_store_session(a)))
     assert did == ["one"], did
     assert journal.load()["step"] == "one"
 
@@ -75,7 +59,7 @@ def test_a_run_fenced_out_by_the_next_holder_writes_nothing(stores):
     journal = ops.Journal(a, "test-op")
 
     def the_next_run_takes_over() -> None:
-        expire_session(a)
+        expire_store_session(a)
         with Runner(b, "test-op", [A, B], kind="test").held():
             j = ops.Journal(b, "test-op")
             j.load()

@@ -67,14 +67,17 @@ class Fence:
         self.session = self.store.session()
         for name in self.names:
             path = self.store.ops_node("fence", name)
-            while True:
+            for _ in range(5):  # only another taker moves a fence: under the locks, none
                 _, version = self.store.read_raw(path)
                 body = json.dumps({"holder": self.holder, "at": time.time()}).encode()
                 try:
                     self.tokens[path] = self.store.write_raw(path, body, version)
                     break
                 except MapConflictError:
-                    continue  # a lost reply of our own write, or a holder fenced out
+                    continue
+            else:
+                raise LockLost(f"{self.holder}: {path} kept moving while this run took it: "
+                               "another run is taking these servers' locks")
 
     @property
     def epoch(self) -> int:
@@ -84,13 +87,17 @@ class Fence:
     def checks(self) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(self.tokens.items()))
 
-    def check(self) -> None:
-        """LockLost unless this run still holds its locks: the same session, no fence moved."""
+    def check_session(self) -> None:
+        """LockLost unless the store's session is still the one that took the locks."""
         now = self.store.session()
         if self.session is None or now != self.session:
             raise LockLost(f"{self.holder} lost its locks: its ZooKeeper session "
                            f"{self.session and hex(self.session)} expired (now "
                            f"{now and hex(now)}); another run may hold them now")
+
+    def check(self) -> None:
+        """LockLost unless this run still holds its locks: the same session, no fence moved."""
+        self.check_session()
         for path, version in self.tokens.items():
             _, cur = self.store.read_raw(path)
             if cur != version:
@@ -129,7 +136,8 @@ class Journal:
         runner = _FENCED.get((id(self.store), self.name))
         checks: tuple[tuple[str, int], ...] = ()
         if runner is not None and runner.fence is not None:
-            runner.fence.check()
+            # the fences themselves are checked by the write's own transaction
+            runner.fence.check_session()
             data.update(runner.header(data))
             checks = runner.fence.checks()
         try:

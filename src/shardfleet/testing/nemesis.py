@@ -177,6 +177,19 @@ def expire_session(hosts: str, session: tuple[int, bytes], timeout: float = 10.0
         client.close()
 
 
+def expire_store_session(store: Any, timeout: float = 30.0) -> None:
+    """:func:`expire_session` of a :class:`~shardfleet.mapstore.ZooKeeperMapStore`'s own
+    session, then wait until its client runs on a new one (in-process tests: the run that
+    held locks on the old session goes on without them)."""
+    old = store.session()
+    expire_session(store.where, store.client.client_id, timeout)
+    deadline = time.monotonic() + timeout
+    while store.session() in (None, old) or not store.connected:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{store.where}: session {old:#x} never expired")
+        time.sleep(0.05)
+
+
 def failure_dir(test: str, seed: int) -> Path:
     """The folder a failing run leaves its history, schedule and logs in
     (``$SHARDFLEET_FAULT_DIR``, default ``/tmp/shardfleet-faults``, then
