@@ -359,27 +359,10 @@ def test_backup_playbook_names_the_maps_standby_never_the_master(pair, zk_store,
     hosts: the e2e tier): the standby is backed up, the master only archives its binary
     logs. Only the control node's play runs (--limit)."""
     master, standby = roles(pair)
-    hosts = {f"sf-test-{i}": {"shardfleet_pair": tp.PAIR, "shardfleet_address": "127.0.0.1",
-                              "mysql_port": s.port} for i, s in enumerate(pair)}
-    inv = tmp_path / "inventory.json"
-    inv.write_text(json.dumps({"all": {"children": {"mysql": {"hosts": hosts}}, "hosts": {
-        "localhost": {"ansible_connection": "local",
-                      "ansible_python_interpreter": sys.executable}}}}))
-    extra = {"backup_zookeeper_hosts": [zookeeper.address], "backup_cluster": zk_store.cluster,
-             "mysql_admin_user": "root", "mysql_admin_password": MariaDBServer.root_password,
-             "zookeeper_admin_password": ""}
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    p = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv),
-                        "--limit", "localhost", "-e", json.dumps(extra), "-v",
-                        str(REPO / "playbooks" / "backup.yml")],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
-    name = {s.address: h for h, s in zip(hosts, pair, strict=True)}
+    out, name = run_backup_playbook(pair, zk_store, zookeeper, tmp_path)
     added = set(re.findall(r"groups:\s+- (\w+)\s+host_name: (\S+)", out))
     assert added == {("backup_standbys", name[standby.address]),
                      ("backup_masters", name[master.address])}, out[-3000:]
-    assert MariaDBServer.root_password not in out
 
 
 def test_point_in_time_restore_replays_the_masters_archived_binlogs_to_a_gtid(

@@ -6,10 +6,12 @@ decide and rebuild run on the control node. Before the fix every one of these fa
 with ``'rebuild_target_host' is undefined`` (rc 2)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,6 +86,18 @@ def _play(inv, *args):
     return p.returncode, p.stdout + p.stderr
 
 
+@contextlib.contextmanager
+def _pair_map(zk, a, b) -> Iterator[ZooKeeperMapStore]:
+    """A store on a fresh cluster whose map gives shards 0-3 to the pair (*a* master)."""
+    store = ZooKeeperMapStore(zk.address, "rb" + uuid.uuid4().hex[:8])
+    try:
+        store.write(ShardMap.from_ranges([{"range": [0, 3], "master": a.address,
+                                           "standby": b.address}], mod_shard_count=4), NO_NODE)
+        yield store
+    finally:
+        store.close()
+
+
 def _opts():
     return promote.Options(user="root", password=MariaDBServer.root_password,
                            replication_user=REPL_USER, replication_password=REPL_PASSWORD)
@@ -91,18 +105,14 @@ def _opts():
 
 def test_check_after_an_emergency_and_a_rerun_with_nothing_marked(tmp_path, env):
     zk, a, b = env
-    cluster = "rb" + uuid.uuid4().hex[:8]
-    store = ZooKeeperMapStore(zk.address, cluster)
-    try:
-        store.write(ShardMap.from_ranges([{"range": [0, 3], "master": a.address,
-                                           "standby": b.address}], mod_shard_count=4), NO_NODE)
+    with _pair_map(zk, a, b) as store:
         o = _opts()
         o.force = True
         r = promote.promote(store, PAIR, [a.address, b.address], mode="emergency", opts=o)
         print("emergency:", r.steps)
         before = store.read_raw(store.path)
         assert b"rebuild" in before[0], before
-        inv = _inventory(tmp_path, zk, a, b, cluster)
+        inv = _inventory(tmp_path, zk, a, b, store.cluster)
         rc, out = _play(inv, "--check")
         print(out[-6000:])
         after = store.read_raw(store.path)
@@ -114,38 +124,26 @@ def test_check_after_an_emergency_and_a_rerun_with_nothing_marked(tmp_path, env)
         rc, out = _play(inv)
         print(out[-4000:])
         assert rc == 0 and "nothing to do" in out, "a rerun with nothing marked failed"
-    finally:
-        store.close()
 
 
 def test_a_run_with_nothing_marked(tmp_path, env):
     zk, a, b = env
-    cluster = "rn" + uuid.uuid4().hex[:8]
-    store = ZooKeeperMapStore(zk.address, cluster)
-    try:
-        store.write(ShardMap.from_ranges([{"range": [0, 3], "master": a.address,
-                                           "standby": b.address}], mod_shard_count=4), NO_NODE)
-        inv = _inventory(tmp_path, zk, a, b, cluster)
+    with _pair_map(zk, a, b) as store:
+        inv = _inventory(tmp_path, zk, a, b, store.cluster)
         rc, out = _play(inv)
         print(out[-3000:])
         assert rc == 0 and "nothing to do" in out, "a run with nothing marked failed"
-    finally:
-        store.close()
 
 
 def test_check_with_the_old_master_down_then_a_logical_rebuild(tmp_path, env):
     zk, a, b = env
-    cluster = "rd" + uuid.uuid4().hex[:8]
-    store = ZooKeeperMapStore(zk.address, cluster)
-    try:
-        store.write(ShardMap.from_ranges([{"range": [0, 3], "master": a.address,
-                                           "standby": b.address}], mod_shard_count=4), NO_NODE)
+    with _pair_map(zk, a, b) as store:
         a.sql("SET GLOBAL read_only = OFF")
         o = _opts()
         o.force = True
         promote.promote(store, PAIR, [a.address, b.address], mode="emergency", opts=o)
         before = store.read_raw(store.path)
-        inv = _inventory(tmp_path, zk, a, b, cluster)
+        inv = _inventory(tmp_path, zk, a, b, store.cluster)
         a.stop()
         try:
             rc, out = _play(inv, "--check")
@@ -158,5 +156,3 @@ def test_check_with_the_old_master_down_then_a_logical_rebuild(tmp_path, env):
         print(out[-3000:])
         assert rc == 0, "the logical rebuild failed"
         assert b"rebuild" not in store.read_raw(store.path)[0]
-    finally:
-        store.close()
