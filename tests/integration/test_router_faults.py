@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +378,23 @@ def _sees(store: Store, master: str) -> None:
                f"the router to route shard {SHARD} to {master}")
 
 
+def across_the_flip(zk_map: Any, live: Any, what: str, fn: Callable[[], Any]) -> Call:
+    """*fn* (a *what*) sent to the hung master; once it waits for the answer the map names
+    *live* master; it must end within BOUND of that flip, not the read timeout."""
+    c = Call(fn)
+    wait_until(lambda: blocked_reading(c.thread) or c.done.is_set(), 10,
+               f"the {what} to be sent to the hung master")
+    assert not c.done.is_set(), f"{what} ended before the flip: {c.error!r}"
+    set_master(zk_map, live.address)
+    flipped = time.monotonic()
+    c.done.wait(TIMEOUT + 5)
+    took = c.ended_at - flipped
+    assert c.done.is_set() and took < BOUND, (
+        f"the {what} in flight on the hung master ended {took:.2f}s after the flip "
+        f"(bound {BOUND}s; the router's read timeout is {TIMEOUT}s)")
+    return c
+
+
 def test_write_in_flight_on_hung_master_ends_when_map_flips(
         zk_map, slow_router, mariadb_pair, hung_master, stopped):
     live = mariadb_pair[0]
@@ -385,17 +403,8 @@ def test_write_in_flight_on_hung_master_ends_when_map_flips(
     store = slow_router()
     store.create("pin", {"tag": "warm"}, near=near)  # a pooled connection to the master
     stopped()
-    w = Call(lambda: store.create("pin", {"tag": "in-flight"}, near=near))
-    wait_until(lambda: blocked_reading(w.thread) or w.done.is_set(), 10,
-               "the write to be sent to the hung master")
-    assert not w.done.is_set(), f"write ended before the flip: {w.error!r}"
-    set_master(zk_map, live.address)
-    flipped = time.monotonic()
-    w.done.wait(TIMEOUT + 5)
-    took = w.ended_at - flipped
-    assert w.done.is_set() and took < BOUND, (
-        f"the write in flight on the hung master ended {took:.2f}s after the flip "
-        f"(bound {BOUND}s; the router's read timeout is {TIMEOUT}s)")
+    w = across_the_flip(zk_map, live, "write",
+                        lambda: store.create("pin", {"tag": "in-flight"}, near=near))
     # "may have happened": the ambiguous-write error, never retried on the new master
     assert isinstance(w.error, DatabaseError), repr(w.error)
     cause = w.error.__cause__
@@ -418,16 +427,6 @@ def test_read_in_flight_on_hung_master_is_read_again_on_new_master(
     _sees(store, hung_master.address)
     store.create("pin", {"tag": "warm"}, near=near)  # a pooled connection to the master
     stopped()
-    r = Call(lambda: store.get(oid))
-    wait_until(lambda: blocked_reading(r.thread) or r.done.is_set(), 10,
-               "the read to be sent to the hung master")
-    assert not r.done.is_set(), f"read ended before the flip: {r.error!r}"
-    set_master(zk_map, live.address)
-    flipped = time.monotonic()
-    r.done.wait(TIMEOUT + 5)
-    took = r.ended_at - flipped
-    assert r.done.is_set() and took < BOUND, (
-        f"the read in flight on the hung master ended {took:.2f}s after the flip "
-        f"(bound {BOUND}s; the router's read timeout is {TIMEOUT}s)")
+    r = across_the_flip(zk_map, live, "read", lambda: store.get(oid))
     assert r.error is None, f"read failed: {r.error!r}"
     assert r.result == {"tag": "read-me"}
