@@ -307,6 +307,24 @@ def test_a_killed_runs_watch_writing_progress_does_not_fail_the_rerun(fleet, mon
 
 # -- abort beside a copy receiver that is still installing -----------------------------------
 
+def _copy_held_at_swap(fleet: SplitFleet, arrived: list[str], release: threading.Event
+                       ) -> tuple[threading.Thread, dict[str, Any]]:
+    """A physical split's copy, run in the background until both receivers reached the
+    point their test holds them at (*arrived* names them, *release* lets them go: set
+    here when they never got there): the copy's thread and outcome."""
+    with fleet.split(clone="physical") as sp:
+        copy = sp.run("all")[-1].details["copy"]
+    copying, outcome = _copy_in_background(fleet, copy)
+    try:
+        _wait_for("both receivers at their swap",
+                  lambda: len(arrived) == 2 or not copying.is_alive())
+        assert len(arrived) == 2, f"the copy ended before its swap: {outcome}"
+    except BaseException:
+        release.set()
+        raise
+    return copying, outcome
+
+
 def _copy_in_background(fleet: SplitFleet, copy: dict[str, Any]
                         ) -> tuple[threading.Thread, dict[str, Any]]:
     """The copy split.yml's receivers and sender make, in a thread (its outcome in the
@@ -360,13 +378,8 @@ def test_abort_beside_a_receiver_still_installing_leaves_the_target_pair_empty(
                     release.wait(600)
 
             monkeypatch.setattr(node, "stop", held_stop)
-    with fleet.split(clone="physical") as sp:
-        copy = sp.run("all")[-1].details["copy"]
-    copying, outcome = _copy_in_background(fleet, copy)
+    copying, outcome = _copy_held_at_swap(fleet, arrived, release)
     try:
-        _wait_for("both receivers at their swap",
-                  lambda: len(arrived) == 2 or not copying.is_alive())
-        assert len(arrived) == 2, f"the copy ended before its swap: {outcome}"
         aborted: dict[str, Any] = {}
 
         def abort() -> None:
@@ -470,15 +483,8 @@ def test_a_receiver_whose_node_was_fenced_as_it_stopped_the_server_installs_noth
                 release.wait(600)
 
         monkeypatch.setattr(node, "stop", held_stop)
-    with fleet.split(clone="physical") as sp:
-        copy = sp.run("all")[-1].details["copy"]
-    copying, outcome = _copy_in_background(fleet, copy)
-    try:
-        _wait_for("both receivers at their swap",
-                  lambda: len(arrived) == 2 or not copying.is_alive())
-        assert len(arrived) == 2, f"the copy ended before its swap: {outcome}"
-    finally:
-        release.set()
+    copying, outcome = _copy_held_at_swap(fleet, arrived, release)
+    release.set()
     copying.join(600)
     assert "cancelled" in str(outcome.get("error")) and "started again" in str(
         outcome.get("error")), outcome
