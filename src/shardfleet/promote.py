@@ -238,14 +238,14 @@ class Listening:
 
     def __init__(self, conn: Any, opts: Options) -> None:
         self.conn, self.opts = conn, opts
-        ch = _channel(conn)
+        ch = replication.peer_channel(conn)
         retry = 0.0
         if ch is not None and ch.get("Slave_IO_Running") in ("Connecting", "Preparing"):
             if ch.get("Slave_SQL_Running") == "Yes" and _applied_all_received(ch):
                 # nothing received is left to apply, so a restart of the I/O thread
                 # (MariaDB may discard relay logs then) loses nothing
                 replication.reconnect_now(conn, str(ch.get("Connection_name") or ""))
-                ch = _channel(conn)
+                ch = replication.peer_channel(conn)
             else:  # never restart it over unapplied events: wait for its own retry
                 retry = float(ch.get("Connect_Retry") or 0)
         self.t0 = time.monotonic()
@@ -265,7 +265,7 @@ class Listening:
             if stop() or time.monotonic() >= deadline:
                 return ""
             time.sleep(0.05)
-            ch = _channel(self.conn)
+            ch = replication.peer_channel(self.conn)
             if replication.refused(ch):
                 return ""
             now = replication.heard(ch)
@@ -292,15 +292,9 @@ def _close(conn: Any) -> None:
             pass
 
 
-# The server primitives live in :mod:`shardfleet.replication`; these names are the ones
-# the promotion's callers and tests have used.
+# The server primitives live in :mod:`shardfleet.replication`; the names the promotion's
+# callers and tests have used.
 replica_status = replication.replica_rows
-_channel = replication.peer_channel
-_wait_running = replication.wait_peer_channel_running
-_channel_sql = replication.channel_sql
-_channel_record = replication.channel_record
-_read_only = replication.is_read_only
-_server_id = replication.server_id
 semisync_state = replication.semisync_state
 errant_against = replication.errant_gtids
 
@@ -712,8 +706,8 @@ def _resume_pair(res: Result, conn: Any, peer: str | None, marked: set[str], opt
     master = res.new_master
     pconn, _ = try_connect(peer, opts) if peer else (None, "")
     try:
-        if _read_only(conn):
-            if pconn is not None and not _read_only(pconn):
+        if replication.is_read_only(conn):
+            if pconn is not None and not replication.is_read_only(pconn):
                 raise PromotionRefused(
                     f"the map names {master} master of {res.pair}, but {master} is "
                     f"read_only and its peer {peer} is writable: the map and the servers "
@@ -734,7 +728,7 @@ def _resume_pair(res: Result, conn: Any, peer: str | None, marked: set[str], opt
         for c, who in ((conn, master), (pconn, peer)):
             if c is None:
                 continue
-            ch = _channel(c)
+            ch = replication.peer_channel(c)
             if ch is None or (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) != (
                     "No", "No"):
                 continue
@@ -747,7 +741,7 @@ def _resume_pair(res: Result, conn: Any, peer: str | None, marked: set[str], opt
                 res.steps.append(f"start {who}'s replication from its peer (would)")
                 continue
             with c.cursor() as cur:
-                cur.execute(_channel_sql("START", ch))
+                cur.execute(replication.channel_sql("START", ch))
             res.steps.append(f"started {who}'s replication from its peer: it was stopped "
                              "(a restart: no node starts its replica at boot)")
     finally:
@@ -878,7 +872,7 @@ class _Promotion:
 
     def _new_writable(self) -> bool:
         """The new master has read_only=OFF (emergency: and semi-sync master off)."""
-        if _read_only(self.sconn):
+        if replication.is_read_only(self.sconn):
             return False
         return self.mode == "planned" or not semisync_state(self.sconn)["master_enabled"]
 
@@ -887,7 +881,7 @@ class _Promotion:
 
     def _no_channel(self) -> bool:
         """The new master has no replication channel from the old one."""
-        return _channel(self.sconn) is None
+        return replication.peer_channel(self.sconn) is None
 
     # -- the servers ---------------------------------------------------------
     def _connect_planned(self) -> None:
@@ -934,7 +928,7 @@ class _Promotion:
                 f"{_rerun_cmd(run.pair, 'planned', old)}; nothing changed")
         if self.mconn is not None and not opts.force and not self.res.resumed:
             restarted = ""
-            if _read_only(self.mconn):
+            if replication.is_read_only(self.mconn):
                 restarted = (f" It is read_only (it restarted: every node boots read-only): "
                              f"to let it serve again as the map says, "
                              f"{_resume_cmd(run.pair, old)}.")
@@ -958,7 +952,7 @@ class _Promotion:
         self.res.semisync = {"standby": semisync_state(self.sconn)}
         if self.mconn is not None:
             self.res.semisync["master"] = semisync_state(self.mconn)
-        self.ch = _channel(self.sconn)
+        self.ch = replication.peer_channel(self.sconn)
 
     # -- the map -------------------------------------------------------------
     def _freeze(self) -> None:
@@ -977,7 +971,7 @@ class _Promotion:
         until the standby applied the master's position, so the frozen time is the last
         few transactions only."""
         old, new, res, mconn, sconn = self.old, self.new, self.res, self.mconn, self.sconn
-        ch = _channel(sconn)
+        ch = replication.peer_channel(sconn)
         if ch is None or ch.get("Slave_SQL_Running") != "Yes":
             raise PromotionRefused(f"the standby {new} is not applying replication from {old} "
                                    f"(SQL thread {ch and ch.get('Slave_SQL_Running')}: "
@@ -986,7 +980,7 @@ class _Promotion:
         if not res.semisync["master"]["master_enabled"]:
             res.warnings.append(f"semi-sync is off on {old}: replication is asynchronous")
         # errant: what the standby wrote itself that the master lacks (after a short catch-up)
-        sid = _server_id(sconn)
+        sid = replication.server_id(sconn)
         sbin = replication.gtid_position(sconn)
         try:
             replication.wait_for_gtid(mconn, sbin, 1.0)
@@ -1072,7 +1066,7 @@ class _Promotion:
 
     def _check_old_replicates(self) -> None:
         """The old master keeps replicating from the new one (master-master)."""
-        ch = _wait_running(self.mconn, 30.0) or None
+        ch = replication.wait_peer_channel_running(self.mconn, 30.0) or None
         if ch is None or ch.get("Slave_IO_Running") != "Yes" \
                 or ch.get("Slave_SQL_Running") != "Yes":
             self.res.warnings.append(f"{self.old} is not replicating from {self.new} "
@@ -1107,13 +1101,13 @@ class _Promotion:
         if ch is not None and not ch.get("Last_SQL_Errno") and not ch.get("Last_IO_Errno") \
                 and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) != ("Yes", "Yes"):
             with sconn.cursor() as c:
-                c.execute(_channel_sql("START", ch))
+                c.execute(replication.channel_sql("START", ch))
             self.res.warnings.append(f"{new}'s replication from {old} was stopped (no error): "
                                      "started it to fetch the fenced master's last transactions")
         try:
             replication.wait_for_gtid(sconn, final, self.opts.drain_timeout)
         except replication.ReplicationTimeout as exc:
-            st = _channel(sconn) or {}
+            st = replication.peer_channel(sconn) or {}
             raise PromotionFailed(
                 f"{new} did not receive and apply the fenced master {old}'s last position "
                 f"{final} within {self.opts.drain_timeout}s ({exc}; IO "
@@ -1140,8 +1134,8 @@ class _Promotion:
         ch = self._apply_relay_log()
         self.received = self.res.gtid["received"] = str(ch.get("Gtid_IO_Pos") or "")
         with self.sconn.cursor() as c:
-            c.execute(_channel_sql("STOP", ch, "SQL_THREAD"))
-        self.res.channel_removed = _channel_record(ch)
+            c.execute(replication.channel_sql("STOP", ch, "SQL_THREAD"))
+        self.res.channel_removed = replication.channel_record(ch)
         self.run.step("drained", received=self.received, channel=self.res.channel_removed)
 
     def _apply_relay_log(self) -> dict[str, Any]:
@@ -1151,12 +1145,12 @@ class _Promotion:
             # stopped by hand, not by an error (or by an interrupted planned promotion's
             # operator): what it received must be applied, or acknowledged writes are lost
             with sconn.cursor() as c:
-                c.execute(_channel_sql("START", ch, "SQL_THREAD"))
+                c.execute(replication.channel_sql("START", ch, "SQL_THREAD"))
             self.res.warnings.append(f"{new}'s replication SQL thread was stopped (no "
                                      "error): started it to apply the relay log")
         deadline = time.monotonic() + self.opts.drain_timeout
         while True:
-            ch = _channel(sconn) or {}
+            ch = replication.peer_channel(sconn) or {}
             if _applied_all_received(ch) or ch.get("Slave_SQL_Running") != "Yes":
                 break
             if time.monotonic() > deadline:
@@ -1179,7 +1173,7 @@ class _Promotion:
         res.gtid["standby_binlog"] = sbin
         master_has = replication.gtid_applied(self.mconn) if self.mconn is not None \
             else self.received
-        res.errant = errant_against(sbin, master_has, _server_id(sconn))
+        res.errant = errant_against(sbin, master_has, replication.server_id(sconn))
         if res.errant:
             res.warnings.append(
                 f"ERRANT transactions on {new} that {self.old} never had: "
@@ -1208,9 +1202,9 @@ class _Promotion:
         """Wait for the side connection's STOP of the I/O thread (started by the drain;
         by this step when an earlier run drained)."""
         if self.stopper is None:
-            self.ch = _channel(self.sconn) or {}
+            self.ch = replication.peer_channel(self.sconn) or {}
             if not self.res.channel_removed:
-                self.res.channel_removed = _channel_record(self.ch)
+                self.res.channel_removed = replication.channel_record(self.ch)
             self.stopper = _Stopper(self.new, self.ch, self.opts)
         self.stopper.join(self.opts.drain_timeout)
         if self.stopper.is_alive() or self.stopper.error:
@@ -1219,8 +1213,9 @@ class _Promotion:
             self.res.warnings.append(f"{n}'s replication I/O thread from {o} did not stop "
                                      f"({self.stopper.error or 'still waiting'}), so its "
                                      f"channel was not removed: run "
-                                     f"{_channel_sql('STOP', self.ch)} and "
-                                     f"{_channel_sql('RESET', self.ch, 'ALL')} on {n} before "
+                                     f"{replication.channel_sql('STOP', self.ch)} and "
+                                     f"{replication.channel_sql('RESET', self.ch, 'ALL')} "
+                                     f"on {n} before "
                                      f"{o} comes back or {n} restarts")
             return
         self.run.step("replication_stopped")
@@ -1232,7 +1227,7 @@ class _Promotion:
         if self.stop_failed:
             return
         with self.sconn.cursor() as c:
-            c.execute(_channel_sql("RESET", self.ch, "ALL"))
+            c.execute(replication.channel_sql("RESET", self.ch, "ALL"))
         self.run.step("channel_removed", channel=self.res.channel_removed)
 
 
@@ -1334,7 +1329,7 @@ class _Stopper:
         try:
             conn = _connect(server, opts)
             with conn.cursor() as c:
-                c.execute(_channel_sql("STOP", ch, "IO_THREAD"))
+                c.execute(replication.channel_sql("STOP", ch, "IO_THREAD"))
         except (DatabaseError, pymysql.err.MySQLError) as exc:
             self.error = str(exc)
         finally:
@@ -1634,7 +1629,8 @@ class _Rebuild:
         self.mconn, mwhy = try_connect(master, opts)
         if self.mconn is None:
             raise PromotionRefused(f"the master {master} does not answer ({mwhy})")
-        self.nch, self.mch = _channel(self.nconn), _channel(self.mconn)
+        self.nch = replication.peer_channel(self.nconn)
+        self.mch = replication.peer_channel(self.mconn)
         if self.nch is None and opts.copy == "physical" and (
                 opts.copy_position or self._did("fenced_and_cleared")):
             # its data directory was replaced by a copy (this run's, or one an earlier
@@ -1697,13 +1693,13 @@ class _Rebuild:
     def _replicating(self) -> bool:
         """The earlier run got both ways replicating, and both channels run."""
         return self._did("replicating") and all(
-            (ch := _channel(c)) is not None
+            (ch := replication.peer_channel(c)) is not None
             and (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")) == ("Yes", "Yes")
             for c in (self.nconn, self.mconn))
 
     def _master_writable(self) -> bool:
         """The master the map names takes writes (it is read_only after a restart)."""
-        return not _read_only(self.mconn)
+        return not replication.is_read_only(self.mconn)
 
     def _mark_cleared(self) -> bool:
         """No range of the pair marks the node for rebuild in the map."""
@@ -1733,10 +1729,10 @@ class _Rebuild:
         (not binlogged; a physical copy replaces the whole data directory instead)."""
         replication.set_read_only(self.nconn, True)
         with self.nconn.cursor() as c:
-            c.execute(_channel_sql("STOP", self.nch))
+            c.execute(replication.channel_sql("STOP", self.nch))
         if self.mch is not None:
             with self.mconn.cursor() as c:
-                c.execute(_channel_sql("STOP", self.mch))
+                c.execute(replication.channel_sql("STOP", self.mch))
         if self.opts.copy == "physical":
             self.run.step("fenced_and_cleared", databases=0)
             return
@@ -1755,7 +1751,7 @@ class _Rebuild:
         # the dump's CHANGE MASTER reset the channel's heartbeat (emergencies rely on it)
         replication.set_heartbeat(self.nconn, str((self.nch or {}).get("Connection_name") or ""))
         with self.nconn.cursor() as c:
-            c.execute(_channel_sql("START", self.nch))
+            c.execute(replication.channel_sql("START", self.nch))
         self.res.gtid["copy"] = pos
         self.run.step("copied", position=pos)
 
@@ -1788,7 +1784,7 @@ class _Rebuild:
                                   name=name, connect_retry=int((self.nch or {}).get(
                                       "Connect_Retry") or 10))
         with self.nconn.cursor() as c:
-            c.execute(_channel_sql("START", self.nch))
+            c.execute(replication.channel_sql("START", self.nch))
         self.res.gtid["copy"] = pos
         self.run.step("copied", position=pos, copy="physical")
 
@@ -1823,7 +1819,7 @@ class _Rebuild:
         node, master, mch, recreate = self.node, self.master, self.mch, self.recreate
         if mch is not None and self._did("copied"):  # resumed: it may run since then
             with self.mconn.cursor() as c:
-                c.execute(_channel_sql("STOP", mch))
+                c.execute(replication.channel_sql("STOP", mch))
         replication.set_replica_pos(self.mconn, replication.gtid_position(self.nconn))
         with self.mconn.cursor() as c:
             if recreate is not None:
@@ -1833,7 +1829,7 @@ class _Rebuild:
                     name=str(recreate.get("Connection_name") or ""),
                     connect_retry=int(recreate["Connect_Retry"] or 2))
                 self.res.steps.append(f"recreated {master}'s channel from {node}")
-            c.execute(_channel_sql("START", mch or recreate))
+            c.execute(replication.channel_sql("START", mch or recreate))
         if semisync_state(self.nconn)["replica_enabled"]:  # an emergency turned it off
             replication.set_semisync_master(self.mconn, True)
         replication.wait_for_gtid(self.nconn, replication.gtid_position(self.mconn),
@@ -1843,7 +1839,7 @@ class _Rebuild:
     def _catching_up(self) -> None:
         """Between the catch-up's waits: a node whose channel from the master stopped with
         an error will not catch up; say why now, not after the whole timeout."""
-        ch = _channel(self.nconn) or {}
+        ch = replication.peer_channel(self.nconn) or {}
         err = ch.get("Last_SQL_Error") or ch.get("Last_IO_Error") or ""
         if err and "No" in (ch.get("Slave_IO_Running"), ch.get("Slave_SQL_Running")):
             raise PromotionFailed(f"{self.node} stopped replicating from {self.master} while "
@@ -1872,7 +1868,7 @@ class _Rebuild:
         if run.check:
             return
         for ch_conn, who in ((self.nconn, self.node), (self.mconn, self.master)):
-            ch = _wait_running(ch_conn, 30.0)
+            ch = replication.wait_peer_channel_running(ch_conn, 30.0)
             if ch.get("Slave_IO_Running") != "Yes" or ch.get("Slave_SQL_Running") != "Yes":
                 res.warnings.append(f"{who}: replication IO {ch.get('Slave_IO_Running')} "
                                     f"SQL {ch.get('Slave_SQL_Running')} "
