@@ -64,6 +64,7 @@ from shardfleet.errors import (
     ShardfleetError,
 )
 from shardfleet.mapstore import NO_NODE, Updated, ZooKeeperMapStore, update
+from shardfleet.operations.types import Credentials
 from shardfleet.ops import Journal, Runner, Step, StepResult
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, diff, freeze_owner
@@ -90,18 +91,6 @@ class SplitError(ShardfleetError):
 
 class CutoverAborted(SplitError):
     """Raised when the cutover timed out and was undone (fence and freeze lifted, map as before)."""
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """The MySQL accounts a split uses (the ``mysql`` role's users)."""
-
-    admin_user: str
-    admin_password: str
-    repl_user: str
-    repl_password: str
-    app_user: str = "shardfleet_app"
-    app_host: str = "%"
 
 
 @dataclass(frozen=True)

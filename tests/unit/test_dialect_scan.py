@@ -21,8 +21,8 @@ DIALECT = re.compile(
     r"\b(SLAVES?|MASTER|REPLICA|gtid_\w+|read_only|rpl_semi_sync\w*|sql_log_bin|"
     r"BINARY\s+LOGS|BINLOG|CONSISTENT\s+SNAPSHOT)\b", re.I)
 
-OPERATIONS = ["promote.py", *sorted(p.relative_to(SRC).as_posix()
-                                    for p in (SRC / "operations").rglob("*.py"))]
+OPERATIONS = [*(m for m in ("promote.py",) if (SRC / m).exists()),
+              *sorted(p.relative_to(SRC).as_posix() for p in (SRC / "operations").rglob("*.py"))]
 LEGACY = {"split.py": 23, "backup.py": 11}
 
 
