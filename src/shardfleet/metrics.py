@@ -41,6 +41,9 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter", "Seconds writes waited on frozen ranges, summed"),
     "shardfleet_router_frozen_errors_total": (
         "counter", "ShardFrozenError raised: a write's range stayed frozen past frozen_wait"),
+    "shardfleet_router_ended_in_flight_total": (
+        "counter", "Statements ended because the map moved their master off their range "
+        "(reported to the caller as may-have-happened, never retried)"),
     "shardfleet_router_pool_idle_connections": (
         "gauge", "Idle pooled connections per MySQL server"),
     "shardfleet_cache_requests_total": (
@@ -127,6 +130,7 @@ def router_samples(router: Any, store: Any = None, *, now: float | None = None
         _s("shardfleet_router_frozen_waits_total", st.frozen_waits),
         _s("shardfleet_router_frozen_wait_seconds_total", st.frozen_wait_seconds),
         _s("shardfleet_router_frozen_errors_total", st.frozen_errors),
+        _s("shardfleet_router_ended_in_flight_total", st.ended_in_flight),
     ]
     out += [_s("shardfleet_router_pool_idle_connections", n, server=server)
             for server, n in sorted(router.pools().items())]

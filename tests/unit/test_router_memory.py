@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from shardfleet import shardmap
+from shardfleet import metrics, shardmap
 from shardfleet.errors import MapConflictError, MapStoreUnavailable, ShardFrozenError
 from shardfleet.mapstore import NO_NODE, MemoryMapStore
 from shardfleet.router import Router
@@ -272,6 +272,9 @@ def test_a_map_moving_a_master_off_a_shard_ends_its_statements_in_flight_there()
         assert not kept.ended.wait(0.2), f"a shard a:1 keeps was ended: {kept.error!r}"
         assert pool.idle_count() == 0 and not idle.conn.open, "idle connections stay"
         assert r.stats.ended_in_flight == 2
+        ended = [x.value for x in metrics.router_samples(r)
+                 if x.name == "shardfleet_router_ended_in_flight_total"]
+        assert ended == [2.0], ended
         pool.discard(lost.conn)
         pool.discard(unknown.conn)
         assert pool.in_use() == 1
