@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from shardfleet import topology
@@ -69,7 +70,8 @@ def reset_binlog_history(conn: Any, position: str, *, applied_too: bool = False,
         if flush_privileges:
             c.execute("FLUSH PRIVILEGES")
         c.execute("RESET MASTER")
-        c.execute("SET GLOBAL gtid_binlog_state = %s", (position,))
+        if position:  # "": RESET MASTER left the state empty already
+            c.execute("SET GLOBAL gtid_binlog_state = %s", (position,))
         if applied_too:
             c.execute("SET GLOBAL gtid_slave_pos = %s", (position,))
 
@@ -388,3 +390,96 @@ def wait_no_write_transactions(conn: Any, timeout: float) -> int:
         if n == 0 or time.monotonic() + TRX_VIEW_PERIOD > deadline:
             return -1 if n is None else n
         time.sleep(TRX_VIEW_PERIOD)
+
+
+# -- a split's channel, snapshot and nodes (MariaDB: multi-source by name) -------------
+
+def binlog_settings(conn: Any) -> dict[str, Any]:
+    """What a split needs of a server's binary log: ``log_bin``, ``fmt`` (binlog_format),
+    ``sid`` (server_id), ``dom`` (gtid_domain_id), ``lsu`` (log_slave_updates)."""
+    return topology.dict_rows(
+        conn, "SELECT @@GLOBAL.log_bin AS log_bin, @@GLOBAL.binlog_format AS fmt, "
+              "@@GLOBAL.server_id AS sid, @@GLOBAL.gtid_domain_id AS dom, "
+              "@@GLOBAL.log_slave_updates AS lsu")[0]
+
+
+def set_ignore_duplicates(conn: Any, on: bool = True) -> None:
+    """``gtid_ignore_duplicates``: an event group whose GTID the server applied already
+    (an echo through another channel) is skipped."""
+    with conn.cursor() as c:
+        c.execute(f"SET GLOBAL gtid_ignore_duplicates = {'ON' if on else 'OFF'}")
+
+
+def set_channel_databases(conn: Any, name: str, databases: Sequence[str]) -> None:
+    """The databases replication connection *name* applies (its ``replicate_do_db``; the
+    connection stopped)."""
+    quoted = name.replace("`", "``")
+    with conn.cursor() as c:
+        c.execute(f"SET GLOBAL `{quoted}`.replicate_do_db = %s", (",".join(databases),))
+
+
+def stop_channel(conn: Any, name: str = "") -> None:
+    """STOP SLAVE of replication connection *name* (empty: the default one)."""
+    with conn.cursor() as c:
+        c.execute(slave_sql("STOP", name))
+
+
+def start_channel(conn: Any, name: str = "", *, until: str | None = None) -> None:
+    """START SLAVE of replication connection *name*, ``UNTIL master_gtid_pos`` *until*
+    when given."""
+    with conn.cursor() as c:
+        if until is None:
+            c.execute(slave_sql("START", name))
+        else:
+            c.execute(slave_sql("START", name) + " UNTIL master_gtid_pos = %s", (until,))
+
+
+def remove_channel(conn: Any, name: str = "") -> None:
+    """Stop replication connection *name* and forget it (``RESET SLAVE ... ALL``)."""
+    with conn.cursor() as c:
+        c.execute(slave_sql("STOP", name))
+        c.execute(slave_sql("RESET", name, "ALL"))
+
+
+@contextmanager
+def unlogged(conn: Any) -> Iterator[None]:
+    """*conn*'s statements stay out of the binary log while held (each node of a pair
+    its own change); logged again afterwards."""
+    with conn.cursor() as c:
+        c.execute(SKIP_BINLOG_SQL)
+    try:
+        yield
+    finally:
+        with conn.cursor() as c:
+            c.execute("SET SESSION sql_log_bin = 1")
+
+
+@contextmanager
+def commits_blocked(conn: Any, lock_wait: int) -> Iterator[None]:
+    """Commits on *conn*'s server wait while held (``BACKUP STAGE BLOCK_COMMIT``; writes
+    wait, none fails), *lock_wait* seconds at most for the stage's own locks."""
+    with conn.cursor() as c:
+        c.execute("SET SESSION lock_wait_timeout = %s", (int(lock_wait),))
+        c.execute("BACKUP STAGE START")
+        c.execute("BACKUP STAGE BLOCK_COMMIT")
+    try:
+        yield
+    finally:
+        with conn.cursor() as c:
+            c.execute("BACKUP STAGE END")
+
+
+def start_snapshot(conn: Any) -> tuple[str, int]:
+    """Open a consistent-snapshot transaction (REPEATABLE READ) on *conn*; the binlog
+    file and position it corresponds to (MariaDB ``binlog_snapshot_*``)."""
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        st = {k.lower(): v for k, v in cur.fetchall()}
+    return str(st["binlog_snapshot_file"]), int(st["binlog_snapshot_position"])
+
+
+def binlog_gtid_pos(conn: Any, file: str, pos: int) -> str:
+    """The GTID position of binlog *file* at *pos* (MariaDB ``BINLOG_GTID_POS``)."""
+    return str(topology.scalar(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (file, pos)) or "")
