@@ -22,6 +22,8 @@ import pymysql
 import pytest
 
 from shardfleet import ops, promote, replication
+from shardfleet.operations import rebuild
+from shardfleet.operations import types as optypes
 from shardfleet.promote import PromotionFailed, PromotionRefused
 from shardfleet.testing import MariaDBServer
 from shardfleet.testing.nemesis import expire_store_session
@@ -326,14 +328,14 @@ def test_a_second_rebuild_that_waited_for_the_locks_decides_on_the_map_the_first
     promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
     master.start()
     copying, go = threading.Event(), threading.Event()
-    real = promote.copy_shards
+    real = rebuild.copy_shards
 
     def slow_copy(*a: Any, **kw: Any) -> None:
         copying.set()
         assert go.wait(60)
         real(*a, **kw)
 
-    monkeypatch.setattr(promote, "copy_shards", slow_copy)
+    monkeypatch.setattr(rebuild, "copy_shards", slow_copy)
     out: dict[str, Any] = {}
 
     def first() -> None:
@@ -440,17 +442,17 @@ def cut_off_from_control_node(monkeypatch, server: MariaDBServer) -> Iterator[No
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)  # never accepted, never answered
-    real = promote._connect
+    real = optypes.connect
 
     def connect(addr: str, o: promote.Options) -> Any:
         return real(f"127.0.0.1:{hole.getsockname()[1]}" if addr == server.address else addr,
                     o)
 
-    monkeypatch.setattr(promote, "_connect", connect)
+    monkeypatch.setattr(optypes, "connect", connect)
     try:
         yield
     finally:
-        monkeypatch.setattr(promote, "_connect", real)
+        monkeypatch.setattr(optypes, "connect", real)
         hole.close()
 
 
@@ -532,7 +534,7 @@ def test_a_rebuild_that_lost_the_master_after_clearing_the_mark_is_finished_by_i
     master.kill()
     promote.promote(zk_store, PAIR, nodes(pair), mode="emergency", opts=opts())
     master.start()
-    real = promote._Rebuild._clear_mark
+    real = rebuild._Rebuild._clear_mark
     killed: dict[str, int] = {}
 
     def clear_then_lose_the_master(self: Any) -> None:
@@ -541,7 +543,7 @@ def test_a_rebuild_that_lost_the_master_after_clearing_the_mark_is_finished_by_i
         killed["id"] = self.mconn.thread_id()
         standby.sql(f"KILL {killed['id']}")
 
-    monkeypatch.setattr(promote._Rebuild, "_clear_mark", clear_then_lose_the_master)
+    monkeypatch.setattr(rebuild._Rebuild, "_clear_mark", clear_then_lose_the_master)
     with pytest.raises(PromotionFailed) as failed:
         promote.rebuild_standby(zk_store, PAIR, nodes(pair), opts=ropts())
     monkeypatch.undo()

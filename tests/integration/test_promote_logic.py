@@ -3,7 +3,8 @@ and the map edits freeze / unfreeze / flip keeping every other key of a range.""
 
 from __future__ import annotations
 
-from shardfleet import promote
+from shardfleet.operations.promote.common import _flip, _freeze, _unfreeze, errant_against
+from shardfleet.operations.types import pair_ranges
 from shardfleet.shardmap import ShardMap
 
 A, B, C = "10.0.0.1:3306", "10.0.0.2:3306", "10.0.0.3:3306"
@@ -19,41 +20,41 @@ def base() -> ShardMap:
 
 def test_errant_only_counts_the_standbys_own_transactions():
     # domain 12 written by the standby (server 12) up to 9; the master has 12 up to 7
-    assert promote.errant_against("11-11-100,12-12-9", "11-11-90,12-12-7", 12) == ["12-12-8..9"]
-    assert promote.errant_against("11-11-100,12-12-8", "12-12-7", 12) == ["12-12-8"]
+    assert errant_against("11-11-100,12-12-9", "11-11-90,12-12-7", 12) == ["12-12-8..9"]
+    assert errant_against("11-11-100,12-12-8", "12-12-7", 12) == ["12-12-8"]
     # the master's own domain arrives by replication: never errant, even when "ahead"
-    assert promote.errant_against("11-11-100", "11-11-90", 12) == []
-    assert promote.errant_against("12-12-5", "12-12-5", 12) == []
-    assert promote.errant_against("12-12-3", "", 12) == ["12-12-1..3"]
+    assert errant_against("11-11-100", "11-11-90", 12) == []
+    assert errant_against("12-12-5", "12-12-5", 12) == []
+    assert errant_against("12-12-3", "", 12) == ["12-12-1..3"]
 
 
 def test_pair_ranges_finds_only_the_pairs():
-    assert [r.bounds for r in promote.pair_ranges(base(), [A, B])] == [(0, 9), (10, 19)]
-    assert promote.pair_ranges(base(), [B, "10.0.0.9:3306"]) == []
-    assert [r.bounds for r in promote.pair_ranges(base(), [C, B])] == [(20, 29)]  # no standby
+    assert [r.bounds for r in pair_ranges(base(), [A, B])] == [(0, 9), (10, 19)]
+    assert pair_ranges(base(), [B, "10.0.0.9:3306"]) == []
+    assert [r.bounds for r in pair_ranges(base(), [C, B])] == [(20, 29)]  # no standby
 
 
 def test_freeze_then_unfreeze_restores_state_and_keys():
     bounds = {(0, 9), (10, 19)}
-    frozen = promote._freeze(base(), bounds, "pair001")
+    frozen = _freeze(base(), bounds, "pair001")
     r0, r1, r2 = frozen.ranges
     assert (r0.state, r1.state, r2.state) == ("frozen", "frozen", "open")
     assert r0.extra["frozen_from"] == "open" and r1.extra["frozen_from"] == "closed"
-    assert promote._freeze(frozen, bounds, "pair001") == frozen  # idempotent
-    assert promote._unfreeze(frozen, bounds, "pair001") == base()
-    assert promote._unfreeze(frozen, bounds, "pair002") == frozen  # not its freeze
+    assert _freeze(frozen, bounds, "pair001") == frozen  # idempotent
+    assert _unfreeze(frozen, bounds, "pair001") == base()
+    assert _unfreeze(frozen, bounds, "pair002") == frozen  # not its freeze
 
 
 def test_flip_swaps_unfreezes_and_marks_rebuild():
     bounds = {(0, 9), (10, 19)}
-    flipped = promote._flip(promote._freeze(base(), bounds, "p"), bounds, B, A, True, "p")
+    flipped = _flip(_freeze(base(), bounds, "p"), bounds, B, A, True, "p")
     r0, r1, r2 = flipped.ranges
     assert (r0.master, r0.standby, r0.state, r0.extra) == (B, A, "open",
                                                             {"note": "x", "rebuild": A})
     assert (r1.master, r1.state, r1.extra.get("rebuild")) == (B, "closed", A)
     assert r2 == base().ranges[2]
-    planned = promote._flip(promote._freeze(base(), bounds, "p"), bounds, B, A, False, "p")
+    planned = _flip(_freeze(base(), bounds, "p"), bounds, B, A, False, "p")
     assert "rebuild" not in planned.ranges[0].extra
-    assert promote.ShardMap.from_ranges(  # round trip through JSON keeps the mark
+    assert ShardMap.from_ranges(  # round trip through JSON keeps the mark
         [r.to_dict() for r in flipped.ranges]) == flipped
 

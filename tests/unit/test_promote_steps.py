@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shardfleet import ops, promote
 from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.operations import rebuild
+from shardfleet.operations import runner as ops
+from shardfleet.operations.promote.common import PromotionRun, _flip, _freeze
+from shardfleet.operations.promote.promotion import Promotion
+from shardfleet.operations.types import Options, PromotionRefused, Result
 from shardfleet.shardmap import ShardMap
 
 A, B = "10.0.0.1:3306", "10.0.0.2:3306"
@@ -67,10 +71,10 @@ class FakeStore:
         return ["holder"] if path in self.client.locked else []
 
 
-def promotion(store: FakeStore, mode: str, check: bool = True) -> promote._Promotion:
-    run = promote._Run(store, "pair001", promote.Result(mode=mode, pair="pair001"), check)  # type: ignore[arg-type]
+def promotion(store: FakeStore, mode: str, check: bool = True) -> Promotion:
+    run = PromotionRun(store, "pair001", Result(mode=mode, pair="pair001"), check)  # type: ignore[arg-type]
     run.nodes = [A, B]
-    return promote._Promotion(run, mode, A, B, base().ranges, promote.Options())
+    return Promotion(run, mode, A, B, base().ranges, Options())
 
 
 def names(steps: list[ops.Step]) -> list[str]:
@@ -91,17 +95,17 @@ def test_frozen_and_flipped_read_the_map():
     store = FakeStore(base())
     p = promotion(store, "planned")
     assert not p._frozen() and not p._flipped()
-    store.map = promote._freeze(base(), BOUNDS, "pair001")
+    store.map = _freeze(base(), BOUNDS, "pair001")
     assert p._frozen() and not p._flipped()
-    store.map = promote._freeze(base(), BOUNDS, "pair002")  # another owner's freeze
+    store.map = _freeze(base(), BOUNDS, "pair002")  # another owner's freeze
     assert not p._frozen()
-    store.map = promote._flip(promote._freeze(base(), BOUNDS, "pair001"), BOUNDS, B, A, False,
+    store.map = _flip(_freeze(base(), BOUNDS, "pair001"), BOUNDS, B, A, False,
                               "pair001")
     assert p._flipped() and p._frozen()  # flipped counts as past the freeze
     # an emergency's flip leaves the rebuild mark: a planned flip is not one, and back
     e = promotion(store, "emergency")
     assert not e._flipped()
-    store.map = promote._flip(promote._freeze(base(), BOUNDS, "pair001"), BOUNDS, B, A, True,
+    store.map = _flip(_freeze(base(), BOUNDS, "pair001"), BOUNDS, B, A, True,
                               "pair001")
     assert e._flipped() and not p._flipped()
 
@@ -115,7 +119,7 @@ def test_check_mode_lists_the_would_lines_of_steps_not_done():
         "freeze (would)", f"{B}: stop the I/O thread, apply the relay log (would)",
         f"{B}: stop replication from {A} (would)",
         f"write the swapped map with rebuild={A} (would)"]
-    store.map = promote._freeze(base(), BOUNDS, "pair001")
+    store.map = _freeze(base(), BOUNDS, "pair001")
     p.res.steps.clear()
     assert steps[0].done() and p.res.steps == ["frozen: done already"]
 
@@ -134,17 +138,17 @@ def test_check_mode_refuses_when_a_lock_is_held():
 def test_a_held_lock_is_a_refusal_of_the_promotion():
     store = FakeStore(base())
     store.client.locked.add(f"/shardfleet/t/ops/locks/{ops.server_lock_name(A)}")
-    run = promote._Run(store, "pair001", promote.Result(), True)  # type: ignore[arg-type]
+    run = PromotionRun(store, "pair001", Result(), True)  # type: ignore[arg-type]
     run.nodes = [A, B]
-    with pytest.raises(promote.PromotionRefused, match="another operation holds"), \
-            promote._held(run, promote.Options()):
+    with pytest.raises(PromotionRefused, match="another operation holds"), \
+            run.held(Options().lock_timeout):
         pass
 
 
 def test_rebuild_table_names():
-    run = promote._Run(FakeStore(base()), "pair001", promote.Result(), True,  # type: ignore[arg-type]
-                       name="rebuild-pair001")
-    rb = promote._Rebuild(run, A, base().ranges, promote.Options())
+    run = rebuild.RebuildRun(FakeStore(base()), "pair001", Result(), True)  # type: ignore[arg-type]
+    assert run.name == "rebuild-pair001" and run.kind() == "rebuild"
+    rb = rebuild._Rebuild(run, A, base().ranges, Options())
     assert names(rb.steps()) == ["fenced_and_cleared", "master_writable", "copied", "replicating",
                                  "mark_cleared"]
     assert not rb._did("copied")

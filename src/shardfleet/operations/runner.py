@@ -1,4 +1,4 @@
-"""The operation runner: step tables, journals, locks and the registry of operations in flight.
+"""The operation runner: step tables, locks, check mode, resume, and one run's journal.
 
 An operation (split, promotion, rebuild) is a table of :class:`Step`: a name, "is it
 done?" (read from the servers and the map, not only the journal), the action, and
@@ -8,159 +8,50 @@ to start beside another unfinished operation on those servers (the journals are 
 registry, so this holds across runs and across processes); check mode; resume (a
 done step is skipped, so a rerun continues where a failed run stopped).
 
-Journals, locks and fencing tokens live in ZooKeeper, beside the map (the paths:
-:meth:`~shardfleet.mapstore.ZooKeeperMapStore.ops_node`). A journal is written with
-compare-and-set like the map, so two operators cannot interleave steps; it is what
-makes a rerun continue where it stopped. Every journal carries one header, whatever
-the operation: ``kind``, ``servers``, ``step``, ``done`` and ``epoch`` (the fencing
-token of the run that wrote it); the registry reads nothing else.
+:class:`Run` is what an operation needs around its table: its journal (started by its
+first change, so a refusal leaves none), its report (:class:`~.types.Result`), the
+rows of its table (:meth:`Run.row`), the locks (:meth:`Run.held`) and the error
+boundary (:meth:`Run.boundary`: a refusal before the first change, a failure naming
+the journal's step after it). A new operation is one step table on it.
 
-A lock is only as good as the ZooKeeper session that holds it: the locks are
-ephemeral znodes, gone when the session expires, and then another run may take
-them. So a run is fenced (:class:`Fence`): taking the locks bumps each server's
-fence znode and remembers its version; before every action the runner checks that
-its session is the one that took the locks and that no fence moved, and every
-journal write checks the fences in the same ZooKeeper transaction. A run that lost
-its locks raises :class:`LockLost` before its next action and must not act again,
-not even to roll back.
+Journals, fencing tokens and the registry of operations in flight live in
+:mod:`shardfleet.operations.journal` (every name of it importable from here too).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardfleet.errors import FenceMoved, MapConflictError, ShardfleetError
-from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore
+import pymysql
+from kazoo.exceptions import KazooException
+
+from shardfleet.errors import MapConflictError, ShardfleetError
+from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.operations.journal import (
+    _FENCED,
+    Fence,
+    InFlight,
+    Journal,
+    LockLost,
+    OperationInFlight,
+    in_flight,
+    journal_base,
+    journals,
+    operations,
+    refuse_if_busy,
+)
+from shardfleet.operations.types import PromotionFailed, PromotionRefused, Result, describe
 
 log = logging.getLogger(__name__)
 
 
 class LockBusy(ShardfleetError):
     """Raised when another operation holds the pair's lock."""
-
-
-class LockLost(ShardfleetError):
-    """Raised when a run no longer holds its locks: its ZooKeeper session expired (the
-    lock znodes went with it) or another run took the servers' fencing tokens. The run
-    stops before its next action and must not act again, not even to roll back."""
-
-
-class Fence:
-    """The fencing tokens of one run: each server's ``ops/fence/<lock name>`` version
-    after this run bumped it, and the session that took the locks."""
-
-    def __init__(self, store: ZooKeeperMapStore, names: Sequence[str], holder: str) -> None:
-        self.store, self.holder = store, holder
-        self.names = sorted(set(names))
-        self.tokens: dict[str, int] = {}
-        self.session: int | None = None
-
-    def take(self) -> None:
-        """Bump every fence (under the locks): a run that held them before is fenced out."""
-        self.session = self.store.session()
-        for name in self.names:
-            path = self.store.ops_node("fence", name)
-            for _ in range(5):  # only another taker moves a fence: under the locks, none
-                _, version = self.store.read_raw(path)
-                body = json.dumps({"holder": self.holder, "at": time.time()}).encode()
-                try:
-                    self.tokens[path] = self.store.write_raw(path, body, version)
-                    break
-                except MapConflictError:
-                    continue
-            else:
-                raise LockLost(f"{self.holder}: {path} kept moving while this run took it: "
-                               "another run is taking these servers' locks")
-
-    @property
-    def epoch(self) -> int:
-        """The header's ``epoch``: the newest token this run holds."""
-        return max(self.tokens.values(), default=0)
-
-    def checks(self) -> tuple[tuple[str, int], ...]:
-        return tuple(sorted(self.tokens.items()))
-
-    def check_session(self) -> None:
-        """LockLost unless the store's session is still the one that took the locks."""
-        now = self.store.session()
-        if self.session is None or now != self.session:
-            raise LockLost(f"{self.holder} lost its locks: its ZooKeeper session "
-                           f"{self.session and hex(self.session)} expired (now "
-                           f"{now and hex(now)}); another run may hold them now")
-
-    def check(self) -> None:
-        """LockLost unless this run still holds its locks: the same session, no fence moved."""
-        self.check_session()
-        for path, version in self.tokens.items():
-            _, cur = self.store.read_raw(path)
-            if cur != version:
-                raise LockLost(f"{self.holder} lost its locks: {path} is at {cur}, this run "
-                               f"holds {version}: another run took them")
-
-
-# journals written while a Runner of the same name holds its locks are fenced by it
-_FENCED: dict[tuple[int, str], Runner] = {}
-
-
-class Journal:
-    """A versioned JSON document at ``ops/journal/<name>``.
-
-    While a :class:`Runner` named *name* holds its locks (in this process) every write
-    carries the run's header and checks its fence in the same transaction (LockLost
-    when another run took the servers since)."""
-
-    def __init__(self, store: ZooKeeperMapStore, name: str) -> None:
-        if not name or "/" in name:
-            raise ShardfleetError(f"journal name {name!r} must be non-empty without '/'")
-        self.store, self.name = store, name
-        self.path = store.ops_node("journal", name)
-        self.version = NO_NODE
-        self.data: dict[str, Any] | None = None
-
-    def load(self) -> dict[str, Any] | None:
-        raw, self.version = self.store.read_raw(self.path)
-        self.data = json.loads(raw) if raw else None
-        return self.data
-
-    def save(self, data: dict[str, Any]) -> None:
-        """Write *data* if nobody else wrote since :meth:`load` (MapConflictError otherwise;
-        LockLost when this process's run of the same name lost its locks)."""
-        data = dict(data, updated_at=time.time())
-        runner = _FENCED.get((id(self.store), self.name))
-        checks: tuple[tuple[str, int], ...] = ()
-        if runner is not None and runner.fence is not None:
-            # the fences themselves are checked by the write's own transaction
-            runner.fence.check_session()
-            data.update(runner.header(data))
-            checks = runner.fence.checks()
-        try:
-            self.version = self.store.write_raw(
-                self.path, json.dumps(data, sort_keys=True).encode(), self.version,
-                checks=checks)
-        except FenceMoved as exc:
-            raise LockLost(f"{self.name} lost its locks: {exc}") from None
-        self.data = data
-
-    def step(self, name: str, **fields: Any) -> dict[str, Any]:
-        """Record that step *name* is done (with *fields*), appending to ``steps``."""
-        data = dict(self.data or {})
-        steps = list(data.get("steps", []))
-        steps.append({"step": name, "at": time.time(), **fields})
-        data.update(fields, step=name, steps=steps)
-        self.save(data)
-        return data
-
-    def delete(self) -> None:
-        if self.version != NO_NODE:
-            self.store.delete_raw(self.path, self.version)
-        self.version, self.data = NO_NODE, None
 
 
 @contextmanager
@@ -213,123 +104,6 @@ def refuse_if_locked(store: ZooKeeperMapStore, servers: list[str]) -> None:
         if store.children(path):
             raise LockBusy(f"another operation holds {path}; wait for it, or check the journal")
 
-
-class OperationInFlight(ShardfleetError):
-    """Raised before anything changed when another unfinished operation (its journal says
-    so) touches a server this one would change: finish or abort that one first."""
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """An unfinished operation, from its journal."""
-
-    name: str
-    kind: str
-    step: str
-    servers: tuple[str, ...]
-    updated_at: float
-    data: dict[str, Any]
-
-    def describe(self) -> str:
-        age = max(0.0, time.time() - self.updated_at) if self.updated_at else 0.0
-        return (f"{self.kind} {self.name} (step {self.step}, on {', '.join(self.servers)}, "
-                f"journal updated {age:.0f} s ago)")
-
-
-def journal_base(store: ZooKeeperMapStore) -> str:
-    return store.ops_node("journal")
-
-
-def journals(store: ZooKeeperMapStore) -> dict[str, dict[str, Any]]:
-    """Every journal under ``ops/journal`` by name (finished ones included)."""
-    base = journal_base(store)
-    names = store.children(base)
-    out = {}
-    for n in sorted(names):
-        raw, _ = store.read_raw(f"{base}/{n}")
-        if raw:
-            try:
-                out[n] = json.loads(raw)
-            except ValueError:
-                out[n] = {"step": "unreadable journal"}
-    return out
-
-
-HOST_PORT = re.compile(r"[^\s:/]+:\d+")
-# A journal written before the header (0.1): a split finished at these steps.
-_LEGACY_FINISHED = ("cutover", "cleanup", "aborted")
-
-
-def _kind(name: str, d: dict[str, Any]) -> str:
-    """What operation a journal records: its header's ``kind`` (before the header: the
-    name's first word, ``promote`` read as ``promotion (<mode>)``)."""
-    if "servers" in d and d.get("kind"):
-        return str(d["kind"])
-    word = name.split("-", 1)[0]
-    if word == "promote":
-        return f"promotion ({d.get('mode') or 'planned'})"
-    return word
-
-
-def _finished(d: dict[str, Any]) -> bool:
-    """The header's ``done``, or its ``step`` is one of its ``finished_by`` (a journal
-    written outside its runner keeps the header it had; before the header: ``done``, or a
-    split past its cutover)."""
-    step = str(d.get("step") or "")
-    if "servers" in d:
-        return bool(d.get("done")) or step in (d.get("finished_by") or ())
-    return bool(d.get("done")) or step in _LEGACY_FINISHED
-
-
-def _servers(d: dict[str, Any]) -> list[str]:
-    """The header's ``servers`` (before the header: every ``host:port`` value it holds)."""
-    if "servers" in d:
-        return [str(s) for s in d["servers"] if s]
-    return [v for v in d.values() if isinstance(v, str) and HOST_PORT.fullmatch(v)]
-
-
-def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
-    """The operation a journal describes, when it is not finished: read from the header
-    only (the registry knows no operation's own fields)."""
-    if _finished(d):
-        return None
-    return InFlight(name, _kind(name, d), str(d.get("step") or "start"),
-                    tuple(sorted(set(_servers(d)))),
-                    float(d.get("updated_at") or d.get("started_at") or 0), d)
-
-
-def operations(store: ZooKeeperMapStore) -> tuple[list[InFlight], list[dict[str, Any]]]:
-    """Every journal, read once: the operations in flight, and the finished ones the
-    journals still hold (name, kind, and when the journal last moved: a pair's promotion
-    journal is reused by its next promotion, so that is the latest one's end)."""
-    running: list[InFlight] = []
-    done: list[dict[str, Any]] = []
-    for n, d in journals(store).items():
-        if (op := _unfinished(n, d)) is not None:
-            running.append(op)
-        else:
-            done.append({"name": n, "kind": _kind(n, d),
-                         "updated_at": float(d.get("updated_at") or d.get("started_at") or 0)})
-    return running, done
-
-
-def in_flight(store: ZooKeeperMapStore) -> list[InFlight]:
-    """The registry of operations in flight: every journal not finished."""
-    return operations(store)[0]
-
-
-def refuse_if_busy(store: ZooKeeperMapStore, servers: list[str], me: str) -> None:
-    """OperationInFlight when an unfinished operation other than *me* (a journal name)
-    touches any of *servers*; one operation at a time per server, across steps and runs
-    (the locks only cover one run)."""
-    mine = set(servers)
-    others = [op for op in in_flight(store) if op.name != me and mine & set(op.servers)]
-    if others:
-        raise OperationInFlight(
-            "another operation is in flight on these servers: "
-            + "; ".join(op.describe() for op in others)
-            + ". Finish it (rerun its playbook) or abort it first; see "
-              "`shardfleet ops list` and `shardfleet ops show NAME`. Nothing changed")
 
 
 @dataclass
@@ -464,7 +238,158 @@ class Runner:
         return out
 
 
-__all__ = ["Fence", "InFlight", "Journal", "LockBusy", "LockLost", "MapConflictError",
-           "OperationInFlight", "Runner", "Step", "StepResult", "in_flight", "journals",
-           "operations", "pair_lock", "refuse_if_busy", "refuse_if_locked", "server_lock_name",
-           "servers_lock"]
+# -- one run of an operation ---------------------------------------------------------
+
+# what an operation's error boundary turns into a refusal or a failure
+ERRORS = (ShardfleetError, pymysql.err.MySQLError, OSError, KazooException)
+
+
+class Run:
+    """One operation in progress on the runner: its journal ``ops/journal/<name>``, its
+    report *res* (the steps and their timings), and the rows of its step table.
+
+    The journal starts with the first change (:meth:`begin`, the header *start*): steps
+    recorded before it (checks) are kept pending and written with it, and a refusal
+    before it leaves no journal. An operation says what it is through :meth:`kind`
+    (the header's kind), :meth:`refused` and :meth:`failed` (its error messages)."""
+
+    def __init__(self, store: ZooKeeperMapStore, name: str, res: Result, check: bool,
+                 pair: str = "") -> None:
+        self.store, self.name, self.res, self.check = store, name, res, check
+        self.pair = pair or name
+        self.journal = Journal(store, name)
+        self.t0 = self.t_begin = time.monotonic()
+        self.start: dict[str, Any] = {}
+        self.begun = False     # a change may have happened (the journal was started)
+        self.nodes: list[str] = []
+        self.pending: list[dict[str, Any]] = []  # steps done before the first change
+        self.runner: Runner | None = None  # while the locks are held (its fence)
+
+    # -- what the operation says about itself -------------------------------------
+    def kind(self) -> str:
+        """The journal header's kind (default: the name's first word)."""
+        return self.name.split("-", 1)[0]
+
+    def refused(self, what: str) -> ShardfleetError:
+        """The refusal for an unexpected error before the first change."""
+        return PromotionRefused(f"{self.kind()} {self.name} stopped before any change: "
+                                f"{what}; nothing changed")
+
+    def failed(self, step: str, what: str) -> ShardfleetError:
+        """The failure for an unexpected error after step *step* (the journal's)."""
+        return PromotionFailed(
+            f"{self.kind()} {self.name} failed after step {step!r}: {what}. The journal "
+            f"{self.journal.path} records the steps: fix the cause and rerun the same "
+            "command to continue")
+
+    def lost(self, exc: BaseException) -> PromotionFailed:
+        """This run lost its locks: it acts no more, rolls nothing back, and writes
+        nothing in a journal another run may own now."""
+        return PromotionFailed(
+            f"the {self.kind()} of {self.pair} stopped: {describe(exc)}. This run changed "
+            "nothing more and rolled nothing back: another run may hold the pair now. Look "
+            f"before acting: `shardfleet ops show {self.name}` and the map; rerun the same "
+            "command once no other run is in flight")
+
+    # -- the journal ----------------------------------------------------------------
+    def begin(self) -> None:
+        """Record the operation in the journal: the first change is about to happen (the
+        journal starts when the first change does; a refusal before leaves none)."""
+        if self.check or self.begun:
+            return
+        self.begun, self.t_begin = True, time.monotonic()
+        start = dict(self.start)
+        if self.pending:
+            start.update(steps=[*start.get("steps", []), *self.pending],
+                         step=self.pending[-1]["step"])
+        self.journal.save(start)
+
+    def step(self, name: str, **fields: Any) -> None:
+        """Step *name* is done: in the report, and in the journal (pending until begun)."""
+        self.res.steps.append(name)
+        self.res.timings[name] = round(time.monotonic() - self.t0, 3)
+        if self.begun:
+            self.journal.step(name, **fields)
+        elif not self.check:
+            self.pending.append({"step": name, "at": time.time(), **fields})
+        log.info("%s: %s", self.name, name)
+
+    def row(self, name: str, done: Callable[[], bool], action: Callable[[], Any],
+            would: str = "", always: bool = False) -> Step:
+        """A step of the table. *action* records its journal step itself (:meth:`step`);
+        a step that changes something starts the journal first. *would*: the lines
+        check mode lists for it (``res.steps``), one per line."""
+        def is_done() -> bool:
+            if done():
+                self.res.steps.append(f"{name}: done already")
+                return True
+            if self.check and would:
+                self.res.steps.extend(would.split("\n"))
+            return False
+
+        def act() -> StepResult:
+            t = time.monotonic()
+            if not always:
+                self.begin()
+            action()
+            return StepResult(name, True, name, time.monotonic() - t)
+
+        return Step(name, is_done, act, would.replace("\n", "; "), always)
+
+    def unfinished(self) -> dict[str, Any] | None:
+        """The journal, when a run of this operation stopped before finishing."""
+        j = self.journal.load()
+        return j if j and not j.get("done") else None
+
+    # -- the locks and the error boundary ---------------------------------------------
+    @contextmanager
+    def held(self, lock_timeout: float) -> Iterator[Runner]:
+        """The runner's locks (every server of :attr:`nodes`) and its registry of
+        operations in flight; check mode takes no lock but refuses when one is held.
+        LockBusy and OperationInFlight are refusals: nothing changed."""
+        runner = Runner(self.store, self.name, self.nodes, lock_timeout=lock_timeout,
+                        identifier=self.name, kind=self.kind())
+        try:
+            with runner.held(check=self.check):
+                self.runner = runner
+                try:
+                    yield runner
+                finally:
+                    self.runner = None
+        except (LockBusy, OperationInFlight) as exc:
+            raise PromotionRefused(str(exc)) from None
+
+    @contextmanager
+    def boundary(self) -> Iterator[None]:
+        """No driver error (PyMySQL, kazoo, socket) escapes: before the first change it
+        is a refusal, after it a failure that says what state the operation left."""
+        try:
+            yield
+        except (PromotionRefused, PromotionFailed):
+            raise
+        except ERRORS as exc:
+            raise unexpected(self, exc) from exc
+
+
+def unexpected(run: Run, exc: BaseException) -> ShardfleetError:
+    """A refusal (nothing changed yet) or a failure naming the step reached, for an error
+    no step expected (a server or ZooKeeper gone mid-statement, a missing privilege); a
+    run that lost its locks says so and that it acted no more."""
+    what = describe(exc)
+    log.warning("%s: %s", run.name, what)
+    if isinstance(exc, LockLost) and run.begun:
+        return run.lost(exc)
+    if not run.begun:
+        return run.refused(what)
+    return run.failed(str((run.journal.data or {}).get("step", "start")), what)
+
+
+def never() -> bool:
+    """The "is it done?" of a step that always runs."""
+    return False
+
+
+__all__ = ["ERRORS", "Fence", "InFlight", "Journal", "LockBusy", "LockLost", "MapConflictError",
+           "OperationInFlight", "Run", "Runner", "Step", "StepResult", "in_flight",
+           "journal_base", "journals", "never", "operations", "pair_lock", "refuse_if_busy",
+           "refuse_if_locked", "server_lock_name", "servers_lock", "unexpected"]

@@ -1,14 +1,33 @@
 """What the operations share: the accounts they use, the options of a promotion or a
-rebuild, and the report an operation returns (the map before and after, the changes, the
-next step). No operation imports another; what two of them need lives here or in the
-runner."""
+rebuild, the report an operation returns (the map before and after, the changes, the
+next step), the refusal and the failure they raise, whether a server answers, the map
+edits of a pair, and the logical copy of a pair's shards. No operation imports another;
+what two of them need lives here or in the runner."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pymysql
+from kazoo.exceptions import KazooException
+
+from shardfleet import replication, topology
+from shardfleet.errors import DatabaseError, MapError, ShardfleetError, mysql_code
+from shardfleet.mapstore import ZooKeeperMapStore, update
+from shardfleet.shardmap import ShardMap, ShardRange
 from shardfleet.tls import TLS
+
+
+class PromotionRefused(ShardfleetError):
+    """Raised before anything changed: the request is unsafe or makes no sense
+    (emergency on a live master, planned on a dead one, unknown pair, lock held)."""
+
+
+class PromotionFailed(ShardfleetError):
+    """Raised when a step failed after changes began; the message says what state
+    the pair was left in and the journal records every step done."""
 
 
 @dataclass(frozen=True)
@@ -89,3 +108,131 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+# -- the servers: does one answer? ----------------------------------------------
+
+def connect(server: str, opts: Options) -> pymysql.connections.Connection:
+    """An admin connection to *server* with the bounds and TLS of *opts*."""
+    return topology.connect(server, opts.user, opts.password, timeout=opts.connect_timeout,
+                            read_timeout=opts.read_timeout, tls=opts.tls)
+
+
+def reach(server: str, opts: Options) -> tuple[Any | None, str, bool]:
+    """(connection, "", False) when *server* answers a query; else (None, why, refusing).
+
+    *refusing* is True when the server answered with a MySQL error of its own (too many
+    connections 1040, host blocked 1129, access denied 1045/1044, ...): it is alive, and
+    a promotion must not treat it as dead. Only the client's own errors (2003 no route or
+    refused, 2013 no answer within the timeout, ...) and OS errors mean unreachable.
+    """
+    try:
+        conn = connect(server, opts)
+    except (DatabaseError, pymysql.err.MySQLError, OSError) as exc:
+        code = mysql_code(exc)
+        return None, f"MySQL error {code}: {exc}" if code else str(exc), 1000 <= code < 2000
+    try:
+        topology.scalar(conn, "SELECT 1")
+        return conn, "", False
+    except (pymysql.err.MySQLError, OSError) as exc:
+        close(conn)
+        return None, f"{server}: {describe(exc)}", 1000 <= mysql_code(exc) < 2000
+
+
+def try_connect(server: str, opts: Options) -> tuple[Any | None, str]:
+    """(connection, "") when *server* answers a query, else (None, why)."""
+    conn, why, _ = reach(server, opts)
+    return conn, why
+
+
+def close(conn: Any) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a driver error (the MySQL error number when there is one)."""
+    code = mysql_code(exc)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, KazooException):
+        return f"ZooKeeper: {type(exc).__name__} {text}".strip()
+    if code and not isinstance(exc, ShardfleetError):
+        msg = exc.args[-1] if len(exc.args) > 1 else text
+        return f"MySQL error {code}: {msg}"
+    return text
+
+
+# -- the map of a pair ------------------------------------------------------------
+
+def pair_ranges(m: ShardMap, nodes: list[str]) -> list[ShardRange]:
+    """Ranges whose master (and standby, if any) are both nodes of the pair."""
+    ns = set(nodes)
+    return [r for r in m.ranges if r.master in ns and (r.standby is None or r.standby in ns)]
+
+
+def marked(ranges: list[ShardRange]) -> set[str]:
+    """The servers the ranges mark for rebuild (an emergency's old master)."""
+    return {str(r.extra["rebuild"]) for r in ranges if r.extra.get("rebuild")}
+
+
+def owner(pair: str) -> str:
+    """The name a promotion freezes its pair's ranges under (its journal's name)."""
+    return f"promote-{pair}"
+
+
+def write_map(store: ZooKeeperMapStore, edit: Callable[[ShardMap], ShardMap]) -> ShardMap:
+    """One edit through the map-change loop (:func:`shardfleet.mapstore.update`: CAS
+    retries, a lost reply decided by content); PromotionFailed when the edit is refused."""
+    try:
+        return update(store, edit).map
+    except MapError as exc:
+        raise PromotionFailed(f"the map does not allow this promotion step: {exc}") from None
+
+
+# -- the logical copy of a pair's shards (a rebuild's, a benchmark's) ---------------
+
+def _client_defaults(tmpdir: str, opts: Options) -> str:
+    """A client option file with the password (never on a command line) and the TLS
+    options of *opts* (the dump and the load connect over TCP)."""
+    from shardfleet import physical
+
+    return physical.client_defaults(tmpdir, opts.user, opts.password, opts.tls)
+
+
+def copy_shards(source: str, dest: str, databases: list[str], opts: Options) -> None:
+    """``mariadb-dump`` the shard databases (and the db-level grants in ``mysql.db``) of
+    *source* into *dest* without binary logging; the dump sets *dest*'s
+    ``gtid_slave_pos`` to the snapshot's position (``--gtid --master-data``)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    dump = shutil.which("mariadb-dump") or shutil.which("mysqldump")
+    client = shutil.which("mariadb") or shutil.which("mysql")
+    if not dump or not client:
+        raise PromotionFailed("mariadb-dump and the mariadb client are needed where the "
+                              "rebuild runs (apt-get install mariadb-client)")
+    sh, _, sp = source.rpartition(":")
+    dh, _, dp = dest.rpartition(":")
+    with tempfile.TemporaryDirectory(prefix="sf-rebuild-") as tmp:
+        cnf = _client_defaults(tmp, opts)
+        load = [client, f"--defaults-extra-file={cnf}", "-h", dh, "-P", dp,
+                f"--init-command={replication.SKIP_BINLOG_SQL}"]
+        jobs = [[dump, f"--defaults-extra-file={cnf}", "-h", sh, "-P", sp,
+                 "--single-transaction", "--gtid", "--master-data=1", "--routines",
+                 "--triggers", "--databases", *databases],
+                [dump, f"--defaults-extra-file={cnf}", "-h", sh, "-P", sp,
+                 "--single-transaction", "mysql", "db"]]
+        for argv in jobs:
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as d:
+                loader = subprocess.run([*load, "mysql"], stdin=d.stdout,
+                                        capture_output=True, check=False)
+                d.stdout.close()  # type: ignore[union-attr]
+                derr = d.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+                d.wait()
+            if d.returncode or loader.returncode:
+                raise PromotionFailed(f"copying {source} -> {dest} failed: "
+                                      f"{(derr or loader.stderr.decode(errors='replace'))[-500:]}")
