@@ -34,8 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from shardfleet import ids, promote  # noqa: E402
+from shardfleet import ids  # noqa: E402
 from shardfleet.mapstore import NO_NODE, ZooKeeperMapStore  # noqa: E402
+from shardfleet.operations.promote import promote  # noqa: E402
+from shardfleet.operations.rebuild import rebuild_standby  # noqa: E402
+from shardfleet.operations.types import Options  # noqa: E402
 from shardfleet.router import Router  # noqa: E402
 from shardfleet.shardmap import ShardMap  # noqa: E402
 from shardfleet.store import Store  # noqa: E402
@@ -67,8 +70,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="sf-bench-promote-"))
     zk = ZooKeeperServer(base).start()
     pair = setup(base)
-    opts = promote.Options(user="root", password=MariaDBServer.root_password, connect_timeout=2,
-                           replication_user=REPL_USER, replication_password=REPL_PASSWORD)
+    opts = Options(user="root", password=MariaDBServer.root_password, connect_timeout=2,
+                   replication_user=REPL_USER, replication_password=REPL_PASSWORD)
     store = ZooKeeperMapStore(zk.address, "bench")
     master, standby = roles(pair)
     store.write(ShardMap.from_ranges([{"range": [0, 7], "master": master.address,
@@ -94,15 +97,15 @@ def main() -> int:
 
 
 def kill_cases(args: argparse.Namespace, st: Store, store: ZooKeeperMapStore,
-               pair: list[MariaDBServer], nodes: list[str], opts: promote.Options) -> None:
+               pair: list[MariaDBServer], nodes: list[str], opts: Options) -> None:
     stalls, frozen = [], []
     w = Writer(st, max_seconds=300, near=ids.compose(0, 1, 1)).start()
     w.wait_acks(200)
     for _ in range(args.planned):
         t0 = time.monotonic()
         # back and forth on purpose: each run names the master it expects
-        res = promote.promote(store, "pair001", nodes, mode="planned", opts=opts,
-                              expect_master=roles(pair)[0].address)
+        res = promote(store, "pair001", nodes, mode="planned", opts=opts,
+                      expect_master=roles(pair)[0].address)
         w.wait_acks(200)
         stalls.append(w.longest_stall(since=t0 - 0.2))
         frozen.append(res.timings["frozen_seconds"])
@@ -117,7 +120,7 @@ def kill_cases(args: argparse.Namespace, st: Store, store: ZooKeeperMapStore,
     w.wait_acks(200)
     master.kill()
     t0 = time.monotonic()
-    res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts)
+    res = promote(store, "pair001", nodes, mode="emergency", opts=opts)
     t_done = time.monotonic()
     w.wait_acks(200)
     w.stop()
@@ -130,12 +133,12 @@ def kill_cases(args: argparse.Namespace, st: Store, store: ZooKeeperMapStore,
           f"{len(w.acked)} acked, {lost} lost")
     master.start()
     t0 = time.monotonic()
-    promote.rebuild_standby(store, "pair001", nodes, opts=opts)
+    rebuild_standby(store, "pair001", nodes, opts=opts)
     print(f"rebuild_standby (8 shards): {time.monotonic() - t0:.2f}s")
 
 
 def silent_case(st: Store, store: ZooKeeperMapStore, pair: list[MariaDBServer],
-                nodes: list[str], opts: promote.Options) -> None:
+                nodes: list[str], opts: Options) -> None:
     # a master nobody hears (SIGSTOP: its sockets stay open, nothing answers; as a host
     # that vanished): deciding it is dead waits for the probe and the standby's silence
     master, standby = roles(pair)
@@ -146,8 +149,8 @@ def silent_case(st: Store, store: ZooKeeperMapStore, pair: list[MariaDBServer],
     os.kill(master.proc.pid, signal.SIGSTOP)
     t0 = time.monotonic()
     try:  # the second emergency of the pair within a day names the master it expects
-        res = promote.promote(store, "pair001", nodes, mode="emergency", opts=opts,
-                              expect_master=master.address)
+        res = promote(store, "pair001", nodes, mode="emergency", opts=opts,
+                      expect_master=master.address)
         w.wait_acks(200)
     finally:
         master.kill()
@@ -166,7 +169,7 @@ def silent_case(st: Store, store: ZooKeeperMapStore, pair: list[MariaDBServer],
           f"{lost} lost; {len(errors)} write error(s) meanwhile"
           + (f", the first: {errors[0][:160]}" if errors else ""))
     master.start()
-    promote.rebuild_standby(store, "pair001", nodes, opts=opts)
+    rebuild_standby(store, "pair001", nodes, opts=opts)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ module: shard_promote
 short_description: Promote a MySQL pair's standby to master, planned or in an emergency
 description:
   - Human-triggered promotion of one master-master pair; the work is done by
-    C(shardfleet.promote) in the library.
+    C(shardfleet.operations.promote) and C(shardfleet.operations.rebuild) in the library.
   - I(mode=planned) (the master answers) freezes the pair's ranges in the map, sets
     the master C(read_only=ON), waits for its open write transactions (bounded),
     waits until the standby applied the master's last GTID position, makes the
@@ -272,28 +272,28 @@ from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common
 
 
 def run(module):
-    from shardfleet import promote
+    from shardfleet.operations.promote import promote
+    from shardfleet.operations.rebuild import rebuild_standby
+    from shardfleet.operations.types import Options
 
     p = module.params
-    opts = promote.Options(user=p["login_user"], password=p["login_password"],
-                           connect_timeout=p["connect_timeout"],
-                           probe_timeout=p["probe_timeout"],
-                           catchup_timeout=p["catchup_timeout"],
-                           drain_timeout=p["drain_timeout"], force=p["force"],
-                           replication_user=p["replication_user"],
-                           replication_password=p["replication_password"],
-                           copy=p["copy"], copy_position=p["copy_position"],
-                           copy_id=p["copy_id"], tls=mysql_tls(module))
+    opts = Options(user=p["login_user"], password=p["login_password"],
+                   connect_timeout=p["connect_timeout"], probe_timeout=p["probe_timeout"],
+                   catchup_timeout=p["catchup_timeout"], drain_timeout=p["drain_timeout"],
+                   force=p["force"], replication_user=p["replication_user"],
+                   replication_password=p["replication_password"], copy=p["copy"],
+                   copy_position=p["copy_position"], copy_id=p["copy_id"],
+                   tls=mysql_tls(module))
     store = zookeeper_store(module)
     with library_errors(module, f"promote {p['pair']}"):
         try:
             if p["mode"] == "rebuild":
-                res = promote.rebuild_standby(store, p["pair"], p["nodes"], opts=opts,
-                                              check=module.check_mode)
+                res = rebuild_standby(store, p["pair"], p["nodes"], opts=opts,
+                                      check=module.check_mode)
             else:
-                res = promote.promote(store, p["pair"], p["nodes"], mode=p["mode"],
-                                      master=p["master"], expect_master=p["expect_master"],
-                                      opts=opts, check=module.check_mode)
+                res = promote(store, p["pair"], p["nodes"], mode=p["mode"],
+                              master=p["master"], expect_master=p["expect_master"],
+                              opts=opts, check=module.check_mode)
         finally:
             store.close(timeout=2)
     out = res.to_dict()

@@ -146,7 +146,8 @@ def test_a_held_lock_is_a_refusal_of_the_promotion():
 
 
 def test_rebuild_table_names():
-    run = rebuild.RebuildRun(FakeStore(base()), "pair001", Result(), True)  # type: ignore[arg-type]
+    run = rebuild.RebuildRun(FakeStore(base()), "rebuild-pair001", Result(), True,  # type: ignore[arg-type]
+                             pair="pair001")
     assert run.name == "rebuild-pair001" and run.kind() == "rebuild"
     rb = rebuild._Rebuild(run, A, base().ranges, Options())
     assert names(rb.steps()) == ["fenced_and_cleared", "master_writable", "copied", "replicating",

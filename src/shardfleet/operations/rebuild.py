@@ -45,13 +45,10 @@ _LEFT = {
 
 
 class RebuildRun(Run):
-    """One rebuild on the runner: journal ``rebuild-<pair>``, header kind ``rebuild``."""
+    """One rebuild on the runner: journal ``rebuild-<pair>`` (header kind ``rebuild``,
+    the name's first word)."""
 
-    def __init__(self, store: ZooKeeperMapStore, pair: str, res: Result, check: bool) -> None:
-        super().__init__(store, f"rebuild-{pair}", res, check, pair=pair)
-
-    def kind(self) -> str:
-        return "rebuild"
+    refusal, failure = PromotionRefused, PromotionFailed
 
     def _node(self) -> str:
         return self.res.old_master or "the node"
@@ -86,7 +83,7 @@ def rebuild_standby(store: ZooKeeperMapStore, pair: str, nodes: list[str], *,
     if opts.copy not in ("logical", "physical"):
         raise PromotionRefused(f"copy must be 'logical' or 'physical', not {opts.copy!r}")
     res = Result(mode="rebuild", pair=pair)
-    run = RebuildRun(store, pair, res, check)
+    run = RebuildRun(store, f"rebuild-{pair}", res, check, pair=pair)
     run.nodes = nodes
     if _rebuild_target(store, pair, nodes, res)[2] is None and not run.unfinished():
         return res  # no mark and no unfinished rebuild: no lock needed

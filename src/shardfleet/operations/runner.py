@@ -45,7 +45,7 @@ from shardfleet.operations.journal import (
     operations,
     refuse_if_busy,
 )
-from shardfleet.operations.types import PromotionFailed, PromotionRefused, Result, describe
+from shardfleet.operations.types import OperationFailed, OperationRefused, Result, describe
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,11 @@ class Run:
     The journal starts with the first change (:meth:`begin`, the header *start*): steps
     recorded before it (checks) are kept pending and written with it, and a refusal
     before it leaves no journal. An operation says what it is through :meth:`kind`
-    (the header's kind), :meth:`refused` and :meth:`failed` (its error messages)."""
+    (the header's kind), :meth:`refused` and :meth:`failed` (its error messages), and
+    :attr:`refusal` and :attr:`failure` (the classes of its errors)."""
+
+    refusal: type[OperationRefused] = OperationRefused
+    failure: type[OperationFailed] = OperationFailed
 
     def __init__(self, store: ZooKeeperMapStore, name: str, res: Result, check: bool,
                  pair: str = "") -> None:
@@ -272,20 +276,20 @@ class Run:
 
     def refused(self, what: str) -> ShardfleetError:
         """The refusal for an unexpected error before the first change."""
-        return PromotionRefused(f"{self.kind()} {self.name} stopped before any change: "
+        return self.refusal(f"{self.kind()} {self.name} stopped before any change: "
                                 f"{what}; nothing changed")
 
     def failed(self, step: str, what: str) -> ShardfleetError:
         """The failure for an unexpected error after step *step* (the journal's)."""
-        return PromotionFailed(
+        return self.failure(
             f"{self.kind()} {self.name} failed after step {step!r}: {what}. The journal "
             f"{self.journal.path} records the steps: fix the cause and rerun the same "
             "command to continue")
 
-    def lost(self, exc: BaseException) -> PromotionFailed:
+    def lost(self, exc: BaseException) -> OperationFailed:
         """This run lost its locks: it acts no more, rolls nothing back, and writes
         nothing in a journal another run may own now."""
-        return PromotionFailed(
+        return self.failure(
             f"the {self.kind()} of {self.pair} stopped: {describe(exc)}. This run changed "
             "nothing more and rolled nothing back: another run may hold the pair now. Look "
             f"before acting: `shardfleet ops show {self.name}` and the map; rerun the same "
@@ -357,7 +361,7 @@ class Run:
                 finally:
                     self.runner = None
         except (LockBusy, OperationInFlight) as exc:
-            raise PromotionRefused(str(exc)) from None
+            raise self.refusal(str(exc)) from None
 
     @contextmanager
     def boundary(self) -> Iterator[None]:
@@ -365,7 +369,7 @@ class Run:
         is a refusal, after it a failure that says what state the operation left."""
         try:
             yield
-        except (PromotionRefused, PromotionFailed):
+        except (OperationRefused, OperationFailed):
             raise
         except ERRORS as exc:
             raise unexpected(self, exc) from exc

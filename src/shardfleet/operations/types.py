@@ -20,12 +20,22 @@ from shardfleet.shardmap import ShardMap, ShardRange
 from shardfleet.tls import TLS
 
 
-class PromotionRefused(ShardfleetError):
+class OperationRefused(ShardfleetError):
+    """Raised before anything changed: the request is unsafe or makes no sense (another
+    operation holds the servers, or the operation's own refusals)."""
+
+
+class OperationFailed(ShardfleetError):
+    """Raised when a step failed after changes began; the message says what state the
+    servers were left in, and the journal records every step done."""
+
+
+class PromotionRefused(OperationRefused):
     """Raised before anything changed: the request is unsafe or makes no sense
     (emergency on a live master, planned on a dead one, unknown pair, lock held)."""
 
 
-class PromotionFailed(ShardfleetError):
+class PromotionFailed(OperationFailed):
     """Raised when a step failed after changes began; the message says what state
     the pair was left in and the journal records every step done."""
 

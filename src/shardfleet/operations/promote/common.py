@@ -42,6 +42,8 @@ class PromotionRun(Run):
     """One promotion on the runner: journal ``promote-<pair>`` (:func:`owner`), header
     kind ``promotion (<mode>)``."""
 
+    refusal, failure = PromotionRefused, PromotionFailed
+
     def __init__(self, store: ZooKeeperMapStore, pair: str, res: Result, check: bool) -> None:
         super().__init__(store, owner(pair), res, check, pair=pair)
         self.switched = False  # an unfinished planned promotion continued as an emergency

@@ -31,6 +31,7 @@ from shardfleet.operations.promote.common import (
 from shardfleet.operations.promote.table import Table
 from shardfleet.operations.runner import ERRORS, LockLost, Step, never
 from shardfleet.operations.types import (
+    OperationFailed,
     Options,
     PromotionFailed,
     PromotionRefused,
@@ -176,7 +177,7 @@ class Planned(Table):
 
 
 def _planned_rollback(run: PromotionRun, old: str, new: str, bounds: set[tuple[int, int]],
-                      exc: BaseException, opts: Options) -> PromotionFailed:
+                      exc: BaseException, opts: Options) -> OperationFailed:
     """Undo a planned promotion that failed before the standby became writable.
 
     The master writable again and the ranges unfrozen, when the master answers (on a
