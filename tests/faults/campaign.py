@@ -86,7 +86,8 @@ UNREACHABLE_ZK = "127.0.0.1:1"
 # Measured on a quiet 2-core machine (see docs/faults.md): a planned promotion run ~1.5 s,
 # an open-range ~2 s, an emergency with its rebuild ~5 s, a split ~4 s (9 s when killed:
 # the rerun waits for the dead process's ZooKeeper session to expire).
-WEIGHTS = {"planned": 0.35, "open_range": 0.2, "emergency": 0.2, "split": 0.25}
+WEIGHTS = {"planned": 0.33, "open_range": 0.18, "emergency": 0.18, "split": 0.23,
+           "backup_rebuild": 0.05, "backup_split": 0.03}
 DEFAULT_RUNS = 200
 
 

@@ -1,7 +1,9 @@
 """Servers for the fault campaign: host processes on 127.0.0.1 started as the integration
 tier starts them (:mod:`shardfleet.testing`, the kit): a 3-node ZooKeeper ensemble; a
 split source and a target pair (the kit's :class:`SplitFleet`); a promotion pair with
-semi-sync on, as the ``mysql`` role configures one."""
+semi-sync on, as the ``mysql`` role configures one; for the backup runs, moto's S3 server
+and a scratch server to restore onto (:class:`backups.Shelf`), whose teardown restores
+and verifies the newest complete backup of each pair once."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from shardfleet.schema import default_schema
 from shardfleet.testing import MariaDBServer, ZooKeeperEnsemble
 from shardfleet.testing.kit import APP_USER, make_server, pair_up, start_all, wait_pair_synced
 
+from .backups import shelf
 from .checks import both_ways, read_only
 
 log = logging.getLogger(__name__)
@@ -140,3 +143,16 @@ def promote_pair_kept(tmp_path_factory):
 def promote_pair(promote_pair_kept):
     """The promotion pair: healthy (one writable master, replicating both ways), or fresh."""
     return promote_pair_kept.heal()
+
+
+@pytest.fixture(scope="session")
+def backup_shelf(tmp_path_factory):
+    """The worker's S3 server, bucket and scratch server; at the end of the worker's
+    campaign the newest complete backup of each pair restores and verifies (an error at
+    teardown of the worker's last test when it does not)."""
+    with shelf(tmp_path_factory.mktemp("backups")) as s:
+        yield s
+        problems = s.final_problems()
+        if problems:
+            raise AssertionError("the end-of-campaign backup check failed:\n  "
+                                 + "\n  ".join(problems))

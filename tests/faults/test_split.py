@@ -19,13 +19,14 @@ from shardfleet.testing.kit import SplitFleet, verify, wait_pair_synced
 from shardfleet.testing.nemesis import OpProcess
 
 from . import checks
+from .backups import FAULTS as BACKUP_FAULTS
+from .backups import Beside, Shelf, backup_plan, fault_or_wait, shard_counts
 from .campaign import (
     OP_SCRIPT,
     Faults,
     Run,
     Scene,
     end_operation,
-    inject,
     oneline,
     op_spec,
     proxies,
@@ -42,6 +43,7 @@ FAULTS = FAULTS_1 + ("session_expiry",)
 # machine (1.1-1.4 s), so most draws land inside it and a few after it.
 WINDOW = 1.5
 MOVING = (16, 31)
+TARGET_PAIR = "split-target"  # the backups' name for the target pair
 ALL_SHARDS = list(range(0, 32))
 
 
@@ -96,18 +98,28 @@ def recover_split(run: Run, fleet: SplitFleet) -> bool:
 
 
 def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
-              split_servers: tuple[MariaDBServer, ...], zookeeper: Any, tmp_path: Path) -> None:
-    """One split under the writer, the fault of *plan*, the recovery, the checker."""
+              split_servers: tuple[MariaDBServer, ...], zookeeper: Any, tmp_path: Path,
+              shelf: Shelf | None = None) -> None:
+    """One split under the writer, the fault of *plan*, the recovery, the checker. With
+    *shelf* (``backup_split``): a backup of the target's standby and a restore of the
+    target pair's newest complete backup beside it (:class:`tests.faults.backups.Beside`),
+    the moving shards' rows on the source as the split starts what a backup must hold."""
     src, tgt, sb = split_servers
     servers = {s.address: s for s in split_servers} | zk_servers(zookeeper)
     run.schedule.note("plan", **plan, cluster=fleet.cluster)
     scene = Scene(run, zookeeper.address, fleet.cluster, ALL_SHARDS, tmp_path,
                   list(split_servers), pairs=[(tgt, sb)])
     op_log = tmp_path / "operation.log"
+    beside: Beside | None = None
+    moving = list(range(MOVING[0], MOVING[1] + 1))
     with proxies(plan, zookeeper.members[0].port, src) as (zk_proxy, sql_proxy):
         try:
             scene.start()
             scene.keep_cache()
+            if shelf is not None:
+                beside = Beside(run, plan, shelf, TARGET_PAIR, sb, zookeeper.address,
+                                fleet.cluster, tmp_path, shard_counts(src, moving), moving)
+                beside.early()
             spec = op_spec({"op": "split", "cluster": fleet.cluster, "source": src.address,
                             "target": tgt.address, "standby": sb.address,
                             "creds": list(astuple(fleet.creds)), "lock_timeout": 20.0,
@@ -115,13 +127,19 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
                            zookeeper.address, zk_proxy, sql_proxy, src)
             proc = OpProcess(OP_SCRIPT, spec, op_log)
             run.schedule.note("split started")
-            inject(run, proc, plan, scene, Faults(
+            if beside is not None:
+                beside.start(proc)
+            fault_or_wait(run, proc, plan, scene, Faults(
                 zk_proxy=zk_proxy, sql_proxy=sql_proxy, busy=src, zk=zookeeper,
                 second=lambda: second_split(fleet, plan.get("lock_timeout", 5.0))))
             end_operation(run, proc, zk_proxy)
             if recover_split(run, fleet):
                 scene.wait_resumed()
+            if beside is not None:
+                beside.finish()
         finally:
+            if beside is not None:
+                beside.stop()
             log = scene.stop()
     run.schedule.note("checking", ops=len(log.history.completions()))
     m = fleet.map()
@@ -151,13 +169,28 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
     run.problems += checks.writable_problems(zookeeper.address, fleet.cluster, tmp_path,
                                              [3, 20])
     run.schedule.note("checked: writable")
-    run.fail_if_problems(log, servers, [op_log])
+    if beside is not None:
+        beside.check()
+        run.schedule.note("checked: backups")
+    run.fail_if_problems(log, servers, [op_log, *sorted(tmp_path.glob("backup*.log")),
+                                        tmp_path / "restore.log"])
 
 
 @pytest.mark.parametrize("seed", seeds("split"))
 def test_split_under_a_fault(seed, split_fleet, split_servers, zookeeper, tmp_path):
     run = Run("split", seed, FAULTS)
     split_run(run, run.draw(WINDOW), split_fleet, split_servers, zookeeper, tmp_path)
+
+
+@pytest.mark.parametrize("seed", seeds("backup_split"))
+def test_backup_and_restore_beside_a_split_onto_the_pair(seed, split_fleet, split_servers,
+                                                         zookeeper, backup_shelf, tmp_path):
+    """backup_split (see :mod:`tests.faults.test_backup_beside`): the split of the source's
+    upper half onto the target pair, a backup of the target's standby and a restore of the
+    target pair's newest complete backup beside it, one of the backup runs' faults."""
+    run = Run("backup_split", seed, BACKUP_FAULTS)
+    split_run(run, backup_plan(run, WINDOW), split_fleet, split_servers, zookeeper, tmp_path,
+              backup_shelf)
 
 
 # Seed 999304 (fixed in split.py: the cutover waits for the target's standby and aligns
