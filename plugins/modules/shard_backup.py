@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # Backups of a pair's standby to S3 and restores from them, run on the MySQL node itself:
 # the data goes between the node and S3, never through the control node. The work is in
-# shardfleet.backup.
+# shardfleet.operations.backup, .restore and .archive; the bucket layout in shardfleet.storage.
 
 from __future__ import annotations
 
@@ -26,6 +26,13 @@ description:
     transactions or I(max_lag_seconds). A refusal uploads nothing and returns
     C(refused=true) with the C(source) check. A backup that fails leaves no manifest and
     aborts its upload.
+  - I(mode=backup) and I(mode=restore) run on the operation runner with
+    I(zookeeper_hosts); the backup holds the server lock of the node it copies, the
+    restore that of the node it restores, for the whole run, so a rebuild, split or
+    promotion of that pair cannot run beside them (and they are refused, nothing uploaded
+    or changed, beside one); each journals its steps and is listed among the operations in
+    flight (C(shardfleet ops)) while it runs. Without I(zookeeper_hosts) they are refused
+    unless I(unlocked) says to run without a lock.
   - I(mode=list) returns the pair's complete backups (those with a manifest), oldest first.
   - I(mode=restore) runs on the node to restore. It downloads the named or the latest
     backup as a stream, refuses it before touching anything when its sha256 differs from
@@ -61,7 +68,8 @@ options:
     type: str
     default: shardfleet
   cluster:
-    description: The fleet's cluster name (part of the key).
+    description: The fleet's cluster name (part of the key; with I(zookeeper_hosts) also
+      the map's cluster in ZooKeeper, whose locks and journals the runner uses).
     type: str
     default: default
   pair:
@@ -87,28 +95,43 @@ options:
     type: int
     default: 10000
   zookeeper_hosts:
-    description: I(mode=restore) the ZooKeeper ensemble; given, a target I(node) with an
-      operation in flight is refused.
+    description: I(mode=backup) and I(mode=restore) the ZooKeeper ensemble (of the map
+      whose cluster is I(cluster)); the backup or restore then takes I(node)'s server
+      lock, journals its steps and is refused beside another operation on I(node). Empty
+      or omitted, I(unlocked=true) is needed. Ignored by the other modes.
     type: list
     elements: str
+  unlocked:
+    description: I(mode=backup) and I(mode=restore) without I(zookeeper_hosts), run
+      without a server lock and without a journal (nothing keeps a rebuild, split or
+      promotion of the node from running beside it); a restore still refuses a target
+      that I(operations) shows with an operation in flight. Without it, a backup or
+      restore with no I(zookeeper_hosts) is refused before anything is read.
+    type: bool
+    default: false
+  lock_timeout:
+    description: I(mode=backup) and I(mode=restore) seconds to wait for I(node)'s lock
+      when another operation holds it (then refused, nothing changed).
+    type: float
+    default: 5
   operations:
-    description: I(mode=restore) without I(zookeeper_hosts), the operations in flight as
-      the control node read them (C(shard_info)'s C(operations)); a target I(node) one of
-      them touches is refused.
+    description: I(mode=restore) with I(unlocked), the operations in flight as the control
+      node read them (C(shard_info)'s C(operations)); a target I(node) one of them touches
+      is refused.
     type: list
     elements: dict
   zookeeper_root:
-    description: I(mode=restore) the ZooKeeper root.
+    description: The ZooKeeper root.
     type: str
     default: /shardfleet
   zookeeper_user:
-    description: I(mode=restore) ZooKeeper digest user.
+    description: ZooKeeper digest user.
     type: str
   zookeeper_password:
-    description: I(mode=restore) its password; never logged.
+    description: Its password; never logged.
     type: str
   zookeeper_timeout:
-    description: I(mode=restore) ZooKeeper session timeout (s).
+    description: ZooKeeper session timeout (s).
     type: float
     default: 10
   endpoint_url:
@@ -165,10 +188,10 @@ options:
     type: bool
     default: true
   node:
-    description: I(mode=backup) the node's name recorded in the manifest and looked up in
-      I(shard_map) (host:port); I(mode=archive) the node whose binary logs these are
-      (host:port, required); I(mode=restore) the target (host:port, required with
-      I(zookeeper_hosts)).
+    description: I(mode=backup) the node's name recorded in the manifest, looked up in
+      I(shard_map) and locked (host:port); I(mode=archive) the node whose binary logs these
+      are (host:port, required); I(mode=restore) the target (host:port, locked; required
+      with I(zookeeper_hosts)).
     type: str
     default: ''
   stop_gtid:
@@ -238,6 +261,7 @@ EXAMPLES = r"""
     cluster: default
     pair: pair001
     node: "10.0.1.12:3306"
+    zookeeper_hosts: [10.0.1.5:2181]
     login_password: "{{ mysql_admin_password }}"
 
 - name: Restore the latest backup of pair001 onto this node
@@ -245,6 +269,8 @@ EXAMPLES = r"""
     mode: restore
     bucket: shardfleet-backups
     pair: pair001
+    node: "10.0.1.14:3306"
+    zookeeper_hosts: [10.0.1.5:2181]
     login_password: "{{ mysql_admin_password }}"
 
 - name: Keep a week, at least 7
@@ -263,7 +289,8 @@ plan:
   returned: mode=plan
   type: dict
 refused:
-  description: I(mode=backup) true when the node was refused (nothing uploaded).
+  description: I(mode=backup) true when the node was refused, nothing uploaded (not a
+    healthy standby, or another operation holds its lock or is in flight on it).
   returned: mode=backup
   type: bool
 from_healthy_standby:
@@ -307,6 +334,7 @@ replayed:
 
 import socket
 import tempfile
+from contextlib import contextmanager
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
@@ -317,14 +345,14 @@ from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common
 
 
 def _setup(module):
-    from shardfleet import backup
+    from shardfleet import storage
 
     p = module.params
-    loc = backup.Location(p["bucket"], p["cluster"], p["pair"], prefix=p["prefix"])
-    s3 = backup.s3_client(endpoint_url=p["endpoint_url"], region=p["region"],
-                          access_key=p["access_key"], secret_key=p["secret_key"],
-                          session_token=p["session_token"])
-    return backup, loc, s3
+    loc = storage.Location(p["bucket"], p["cluster"], p["pair"], prefix=p["prefix"])
+    s3 = storage.s3_client(endpoint_url=p["endpoint_url"], region=p["region"],
+                           access_key=p["access_key"], secret_key=p["secret_key"],
+                           session_token=p["session_token"])
+    return loc, s3
 
 
 def _connect(module):
@@ -335,8 +363,35 @@ def _connect(module):
                                     unix_socket=p["login_unix_socket"])
 
 
+@contextmanager
+def _store(module, node):
+    """The map's ZooKeeper store for the runner (its locks and journals), or None with
+    unlocked; fail_json when neither is given (nothing was read or changed)."""
+    from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
+        zookeeper_store,
+    )
+
+    p = module.params
+    if not p["zookeeper_hosts"]:
+        if not p["unlocked"]:
+            module.fail_json(msg=f"mode={p['mode']} needs zookeeper_hosts (the runner takes "
+                                 f"the lock of {node or 'the node'} and journals the run), or "
+                                 "unlocked=true to run without a lock; nothing was changed",
+                             refused=True, from_healthy_standby=False, source={})
+        yield None
+        return
+    if not node:
+        module.fail_json(msg=f"mode={p['mode']} with zookeeper_hosts needs node (host:port "
+                             "of the node to lock)")
+    store = zookeeper_store(module)
+    try:
+        yield store
+    finally:
+        store.close(timeout=2)
+
+
 def do_plan(module):
-    from shardfleet import backup
+    from shardfleet.operations import backup
 
     p = module.params
     out = backup.plan(p["report"] or {}, pair=p["pair"] or "", max_lag_seconds=p["max_lag_seconds"],
@@ -348,41 +403,54 @@ def do_plan(module):
 
 
 def _refused(module, exc):
+    health = getattr(exc, "health", None)
     module.fail_json(msg=str(exc), refused=True, from_healthy_standby=False,
-                     source=exc.health.to_dict() if exc.health else {})
+                     source=health.to_dict() if health else {})
+
+
+def _check_backup(module, backup, store, node, limits):
+    """Check mode: the node's health and (with a store) the locks; nothing changes."""
+    loc, _ = _setup(module)
+    p = module.params
+    if store is not None:
+        backup.refuse_beside(store, node)
+    conn = _connect(module)()
+    try:
+        health = backup.check_source(conn, node, allow_master=p["allow_master"], **limits)
+    finally:
+        conn.close()
+    if not health.healthy:
+        _refused(module, backup.BackupRefused(
+            f"backup of {node} refused: {'; '.join(health.reasons)}", health))
+    module.exit_json(changed=True, refused=False, source=health.to_dict(),
+                     from_healthy_standby=health.healthy_standby,
+                     msg=f"would back up {node} ({p['datadir']}) to "
+                         f"s3://{loc.bucket}/{loc.root}")
 
 
 def do_backup(module):
     from shardfleet import physical
+    from shardfleet.operations import backup
 
-    backup, loc, s3 = _setup(module)
+    loc, s3 = _setup(module)
     p = module.params
     node = p["node"] or f"{socket.getfqdn()}:3306"
-    connect = _connect(module)
     limits = dict(shard_map=p["shard_map"], max_lag_seconds=p["max_lag_seconds"],
                   max_lag_trx=p["max_lag_trx"])
-    if module.check_mode:
-        conn = connect()
+    with _store(module, node) as store:
         try:
-            health = backup.check_source(conn, node, allow_master=p["allow_master"], **limits)
-        finally:
-            conn.close()
-        if not health.healthy:
-            _refused(module, backup.BackupRefused(
-                f"backup of {node} refused: {'; '.join(health.reasons)}", health))
-        module.exit_json(changed=True, refused=False, source=health.to_dict(),
-                         from_healthy_standby=health.healthy_standby,
-                         msg=f"would back up {node} ({p['datadir']}) to "
-                             f"s3://{loc.bucket}/{loc.root}")
-    with tempfile.TemporaryDirectory(prefix="sf-backup-") as tmp:
-        cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
-        argv = physical.backup_argv(defaults_file=cnf, datadir=p["datadir"],
-                                    socket_path=p["login_unix_socket"], parallel=p["parallel"])
-        try:
-            manifest = backup.backup(s3, loc, argv, connect=connect, node=node,
-                                     compress=p["compress"], part_size=p["part_size_mb"] << 20,
-                                     allow_master=p["allow_master"], checksums=p["checksums"],
-                                     **limits)
+            if module.check_mode:
+                _check_backup(module, backup, store, node, limits)
+            with tempfile.TemporaryDirectory(prefix="sf-backup-") as tmp:
+                cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
+                argv = physical.backup_argv(defaults_file=cnf, datadir=p["datadir"],
+                                            socket_path=p["login_unix_socket"],
+                                            parallel=p["parallel"])
+                manifest = backup.backup(
+                    s3, loc, argv, connect=_connect(module), node=node,
+                    compress=p["compress"], part_size=p["part_size_mb"] << 20,
+                    allow_master=p["allow_master"], checksums=p["checksums"], store=store,
+                    lock_timeout=p["lock_timeout"], **limits)
         except backup.BackupRefused as exc:
             _refused(module, exc)
     if not manifest["checksums_at_position"]:
@@ -401,85 +469,88 @@ def _brief(manifest):
 
 
 def do_list(module):
-    _, loc, s3 = _setup(module)
-    from shardfleet import backup
+    from shardfleet import storage
 
-    return dict(changed=False, backups=[_brief(m) for m in backup.list_backups(s3, loc)])
+    loc, s3 = _setup(module)
+    return dict(changed=False, backups=[_brief(m) for m in storage.list_backups(s3, loc)])
 
 
-def _in_flight_check(module, backup):
-    """With zookeeper_hosts: refuse a target an operation in flight touches."""
-    from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
-        zookeeper_store,
-    )
-
+def _would_restore(module, manifest):
     p = module.params
-    if p["operations"] is not None and not p["zookeeper_hosts"]:
-        backup.refuse_if_in_flight(None, p["node"], p["operations"])
-    if not p["zookeeper_hosts"]:
-        return
-    if not p["node"]:
-        module.fail_json(msg="mode=restore with zookeeper_hosts needs node (host:port of "
-                             "the target)")
-    store = zookeeper_store(module)
-    try:
-        backup.refuse_if_in_flight(store, p["node"])
-    finally:
-        store.close(timeout=2)
+    module.exit_json(changed=True, manifest=_brief(manifest),
+                     msg=f"would restore backup {manifest['backup_id']} "
+                         f"(position {manifest['position']['gtid']}) into {p['datadir']}"
+                         + (f", then replay the binary logs of {p['binlog_node']} to "
+                            f"{p['stop_gtid'] or p['stop_datetime']}"
+                            if p["stop_gtid"] or p["stop_datetime"] else ""))
 
 
 def do_restore(module):
-    backup, loc, s3 = _setup(module)
+    from shardfleet import storage
+    from shardfleet.operations import restore
+
+    loc, s3 = _setup(module)
     p = module.params
-    _in_flight_check(module, backup)
-    manifest = (backup.read_manifest(s3, loc, p["backup_id"]) if p["backup_id"]
-                else backup.latest(s3, loc))
-    if module.check_mode:
-        module.exit_json(changed=True, manifest=_brief(manifest),
-                         msg=f"would restore backup {manifest['backup_id']} "
-                             f"(position {manifest['position']['gtid']}) into {p['datadir']}"
-                             + (f", then replay the binary logs of {p['binlog_node']} to "
-                                f"{p['stop_gtid'] or p['stop_datetime']}"
-                                if p["stop_gtid"] or p["stop_datetime"] else ""))
-    r = backup.restore(s3, loc, datadir=p["datadir"], stop=service_action(module, "stop"),
-                       start=service_action(module, "start"), connect=_connect(module),
-                       backup_id=manifest["backup_id"], owner=p["owner"],
-                       use_memory=p["use_memory"], verify=p["verify"],
-                       allow_master=p["allow_master"])
+    with _store(module, p["node"]) as store:
+        if store is None and p["operations"] is not None:
+            restore.refuse_if_in_flight(None, p["node"], p["operations"])
+        if store is not None:
+            restore.refuse_beside(store, p["node"])
+        manifest = (storage.read_manifest(s3, loc, p["backup_id"]) if p["backup_id"]
+                    else storage.latest(s3, loc))
+        if module.check_mode:
+            _would_restore(module, manifest)
+        r = restore.restore(s3, loc, datadir=p["datadir"], stop=service_action(module, "stop"),
+                            start=service_action(module, "start"), connect=_connect(module),
+                            backup_id=manifest["backup_id"], owner=p["owner"],
+                            use_memory=p["use_memory"], verify=p["verify"],
+                            allow_master=p["allow_master"], store=store, node=p["node"],
+                            lock_timeout=p["lock_timeout"])
     if r.note:
         module.warn(r.note)
     out = dict(changed=True, manifest=_brief(manifest), restored=dict(vars(r)))
     if p["stop_gtid"] or p["stop_datetime"]:
-        from shardfleet import physical
-
-        with tempfile.TemporaryDirectory(prefix="sf-replay-") as tmp:
-            cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
-            client = [physical._tool("mariadb", "mysql"), f"--defaults-extra-file={cnf}",
-                      f"--socket={p['login_unix_socket']}"]
-            out["replayed"] = backup.replay(s3, loc, node=p["binlog_node"], start=r.position,
-                                            client_argv=client, connect=_connect(module),
-                                            stop_gtid=p["stop_gtid"],
-                                            stop_datetime=p["stop_datetime"])
+        out["replayed"] = _replay(module, loc, s3, r.position)
     return out
 
 
+def _replay(module, loc, s3, position):
+    """The archived binary logs of binlog_node replayed from the restored position."""
+    from shardfleet import physical
+    from shardfleet.operations import archive
+
+    p = module.params
+    with tempfile.TemporaryDirectory(prefix="sf-replay-") as tmp:
+        cnf = physical.client_defaults(tmp, p["login_user"], p["login_password"])
+        client = [physical._tool("mariadb", "mysql"), f"--defaults-extra-file={cnf}",
+                  f"--socket={p['login_unix_socket']}"]
+        return archive.replay(s3, loc, node=p["binlog_node"], start=position,
+                              client_argv=client, connect=_connect(module),
+                              stop_gtid=p["stop_gtid"], stop_datetime=p["stop_datetime"])
+
+
 def do_archive(module):
-    backup, loc, s3 = _setup(module)
+    from shardfleet import storage
+    from shardfleet.operations import archive
+
+    loc, s3 = _setup(module)
     p = module.params
     if not p["node"]:
         module.fail_json(msg="mode=archive needs node (host:port of this server)")
     if module.check_mode:
         module.exit_json(changed=True, msg=f"would archive the closed binary logs of "
-                                           f"{p['node']} to {backup.binlog_root(loc, p['node'])}")
-    sent = backup.archive_binlogs(s3, loc, connect=_connect(module), node=p["node"])
+                                           f"{p['node']} to {storage.binlog_root(loc, p['node'])}")
+    sent = archive.archive_binlogs(s3, loc, connect=_connect(module), node=p["node"])
     return dict(changed=bool(sent), archived=sent)
 
 
 def do_prune(module):
-    backup, loc, s3 = _setup(module)
+    from shardfleet import storage
+
+    loc, s3 = _setup(module)
     p = module.params
-    out = backup.retention(s3, loc, keep_count=p["keep_count"], keep_days=p["keep_days"],
-                           stale_hours=p["stale_hours"], check=module.check_mode)
+    out = storage.retention(s3, loc, keep_count=p["keep_count"], keep_days=p["keep_days"],
+                            stale_hours=p["stale_hours"], check=module.check_mode)
     changed = bool(out["deleted"] or out["deleted_incomplete"] or out["aborted_uploads"])
     return dict(changed=changed, pruned=out)
 
@@ -503,6 +574,8 @@ def main():
             zookeeper_user=dict(type="str"),
             zookeeper_password=dict(type="str", no_log=True),
             zookeeper_timeout=dict(type="float", default=10),
+            unlocked=dict(type="bool", default=False),
+            lock_timeout=dict(type="float", default=5),
             endpoint_url=dict(type="str"),
             region=dict(type="str"),
             access_key=dict(type="str", no_log=True),

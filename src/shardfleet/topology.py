@@ -11,6 +11,7 @@ not tested here: no MySQL 8 binaries are reachable) says ``SHOW REPLICA STATUS``
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -197,6 +198,79 @@ def server_state(server: str, user: str, password: str, *, timeout: float = 5.0,
         return ServerState(server, True, f"{server}: {exc}")
     finally:
         conn.close()
+
+
+
+# -- a node's own data and binary log: what a backup, a restore and the archive read ------
+
+SHARD_DB = re.compile(r"^db\d{5}$")
+
+
+def shard_tables(conn: Any) -> dict[str, list[str]]:
+    """Every shard database (``dbNNNNN``) and its base tables, from the server's catalog."""
+    with conn.cursor() as c:
+        c.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                  "WHERE TABLE_SCHEMA LIKE 'db%%' AND TABLE_TYPE = 'BASE TABLE' "
+                  "ORDER BY TABLE_SCHEMA, TABLE_NAME")
+        rows = c.fetchall()
+        c.execute("SHOW DATABASES LIKE 'db%%'")
+        dbs = [r[0] for r in c.fetchall()]
+    out: dict[str, list[str]] = {d: [] for d in dbs if SHARD_DB.match(d)}
+    for db, table in rows:
+        if db in out and re.match(r"^\w+$", table):
+            out[db].append(table)
+    return out
+
+
+def checksum_tables(conn: Any, tables: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """``CHECKSUM TABLE`` of every table, per database (one statement per database).
+    Names come from the server's catalog and match ``dbNNNNN`` / ``\\w+`` only."""
+    out: dict[str, dict[str, int]] = {}
+    with conn.cursor() as c:
+        for db, names in tables.items():
+            out[db] = {}
+            if not names:
+                continue
+            c.execute("CHECKSUM TABLE " + ", ".join(f"`{db}`.`{t}`" for t in names))
+            for full, value in c.fetchall():
+                out[db][full.split(".", 1)[1]] = int(value or 0)
+    return out
+
+
+def open_consistent_snapshot(conn: Any) -> tuple[tuple[str, int], list[str]]:
+    """Open a consistent snapshot (REPEATABLE READ) on *conn* and return its binlog
+    coordinates (``binlog_snapshot_file``/``_position``) and the shard databases that exist
+    now (the catalog is not in the snapshot). The transaction stays open: end it with
+    ``conn.rollback()``."""
+    with conn.cursor() as c:
+        c.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        c.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        c.execute("SHOW STATUS LIKE 'binlog_snapshot_%%'")
+        st = {k: v for k, v in c.fetchall()}
+        c.execute("SHOW DATABASES LIKE 'db%%'")
+        dbs = [r[0] for r in c.fetchall() if SHARD_DB.match(r[0])]
+    return (st["Binlog_snapshot_file"], int(st["Binlog_snapshot_position"])), dbs
+
+
+def binlog_enabled(conn: Any) -> tuple[bool, str]:
+    """(the binary log is on, ``VERSION()``)."""
+    with conn.cursor() as c:
+        c.execute("SELECT @@GLOBAL.log_bin, VERSION()")
+        log_bin, version = c.fetchone()
+    return bool(log_bin), str(version)
+
+
+def binary_logs(conn: Any, *, flush: bool = False) -> tuple[str, list[tuple[str, int]]]:
+    """(``log_bin_basename``, every binary log file on the server with its size, oldest
+    first); *flush* closes the current file first (``FLUSH BINARY LOGS``)."""
+    with conn.cursor() as c:
+        if flush:
+            c.execute("FLUSH BINARY LOGS")
+        c.execute("SELECT @@GLOBAL.log_bin_basename")
+        (basename,) = c.fetchone()
+        c.execute("SHOW BINARY LOGS")
+        logs = [(str(r[0]), int(r[1])) for r in c.fetchall()]
+    return str(basename or ""), logs
 
 
 # memcached's `stats` fields the exporter serves (no Debian package exports memcached)

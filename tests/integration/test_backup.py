@@ -304,7 +304,11 @@ def test_retention_by_count_and_age_keeps_the_newest_and_removes_stale_incomplet
 
 
 def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
-        pair, s3, loc, s3_server, tmp_path):  # noqa: F811
+        pair, s3, loc, s3_server, zookeeper, tmp_path):  # noqa: F811
+    """On the runner (zookeeper_hosts): the backup and the restore lock their node and
+    leave a finished journal each; nothing leaks a secret."""
+    from shardfleet.mapstore import ZooKeeperMapStore
+
     from .test_modules import run_module
 
     master, standby = roles(pair)
@@ -312,7 +316,8 @@ def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
     common = {"bucket": loc.bucket, "prefix": loc.prefix, "cluster": loc.cluster,
               "pair": loc.pair, "endpoint_url": s3_server.url, "region": REGION,
               "access_key": "AKIASHARDFLEETTEST", "secret_key": secret,
-              "login_user": "root", "login_password": MariaDBServer.root_password}
+              "login_user": "root", "login_password": MariaDBServer.root_password,
+              "zookeeper_hosts": [zookeeper.address]}
 
     def on(server: MariaDBServer, **kw: Any) -> dict[str, Any]:
         return {**common, "login_unix_socket": str(server.socket),
@@ -350,6 +355,12 @@ def test_the_module_backs_up_lists_and_prunes_with_check_mode_and_no_secrets(
     assert not r.get("changed") and r["pruned"]["kept"] == [bid], r
     for out in outputs:
         assert secret not in out and MariaDBServer.root_password not in out
+    store = ZooKeeperMapStore(zookeeper.address, loc.cluster)
+    try:
+        (j,) = _journals_of(store, "backup")
+        assert j["done"] and j["servers"] == [standby.address] and j["backup_id"] == bid, j
+    finally:
+        store.close()
     wait_applied(standby, master)
 
 
@@ -633,6 +644,10 @@ def test_the_module_refuses_a_rebuild_marked_standby_with_result_fields(pair, s3
             "login_unix_socket": str(standby.socket), "datadir": str(standby.datadir),
             "node": standby.address, "parallel": 2, "part_size_mb": 5, "mode": "backup",
             "shard_map": flipped_map(master, standby)}
+    # no ZooKeeper and not unlocked: refused before anything is read
+    r, _ = run_module(tmp_path, "shard_backup", args)
+    assert r.get("failed") and r["refused"] is True and "needs zookeeper_hosts" in r["msg"], r
+    args["unlocked"] = True
     for check in (True, False):
         r, _ = run_module(tmp_path, "shard_backup", args, check=check)
         assert r.get("failed") and r["refused"] is True, r
@@ -755,3 +770,112 @@ def test_a_replay_the_archive_does_not_cover_and_a_changed_file_are_refused(lone
     s3.put_object(Bucket=loc.bucket, Key=key, Body=body, Metadata=dict(meta, sha256="0" * 64))
     with pytest.raises(backup.ArchiveConflict, match="differs"):
         backup.archive_binlogs(s3, loc, connect=lone.connect, node=lone.address, flush=False)
+
+
+# -- the runner's contract: a backup and a restore hold their node's lock, journal ----------
+# -- their steps, and appear in the registry of operations in flight while they run --------
+
+def _journals_of(store: Any, kind: str) -> list[dict[str, Any]]:
+    from shardfleet.operations.runner import journals
+
+    return [dict(d, name=n) for n, d in journals(store).items() if d.get("kind") == kind]
+
+
+def test_a_backup_beside_a_rebuild_holding_the_nodes_lock_is_refused_and_uploads_nothing(
+        pair, zk_store, s3, loc):
+    from shardfleet.operations.runner import Runner
+
+    master, standby = roles(pair)
+    rebuild = Runner(zk_store, "rebuild-" + tp.PAIR, [master.address, standby.address],
+                     kind="rebuild")
+    with rebuild.held():
+        with pytest.raises(BackupRefused, match=r"holds.*nothing uploaded"):
+            take(s3, loc, standby, store=zk_store, lock_timeout=0.5)
+    assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+    assert _journals_of(zk_store, "backup") == []  # refused before it began
+
+
+def test_a_backup_beside_an_unfinished_rebuild_journal_is_refused(pair, zk_store, s3, loc):
+    from shardfleet.operations.runner import Journal
+
+    master, standby = roles(pair)
+    j = Journal(zk_store, "rebuild-" + tp.PAIR)
+    j.load()
+    j.save({"kind": "rebuild", "servers": [standby.address, master.address],
+            "step": "copied", "done": False})
+    try:
+        with pytest.raises(BackupRefused, match=r"in flight.*rebuild-pair009"):
+            take(s3, loc, standby, store=zk_store)
+    finally:
+        j.delete()
+    assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+
+
+def test_a_promotion_beside_a_running_backup_is_refused_and_the_backup_is_in_flight(
+        pair, zk_store, s3, loc):
+    from shardfleet.operations.runner import LockBusy, Runner, in_flight
+
+    master, standby = roles(pair)
+    seen: dict[str, Any] = {}
+
+    def promotion() -> Runner:
+        return Runner(zk_store, "promote-" + tp.PAIR, [master.address, standby.address],
+                      kind="promotion (planned)", lock_timeout=0.5)
+
+    def during(_p: Any) -> None:
+        if seen:
+            return
+        with pytest.raises(LockBusy):
+            with promotion().held():
+                pass
+        seen["ops"] = [(op.kind, op.servers) for op in in_flight(zk_store)]
+
+    m = take(s3, loc, standby, store=zk_store, progress=during)
+    assert seen["ops"] == [("backup", (standby.address,))], seen
+    assert in_flight(zk_store) == []           # finished: its journal says so
+    (j,) = _journals_of(zk_store, "backup")
+    assert j["done"] and j["servers"] == [standby.address] and j["backup_id"] == m["backup_id"]
+    assert m["locked"] is True
+    with promotion().held():                   # the lock went with the backup
+        pass
+
+
+def test_a_restore_journals_its_steps_and_is_in_flight_while_it_runs(
+        pair, zk_store, s3, loc, fresh):
+    from shardfleet.operations.runner import LockBusy, Runner, in_flight
+
+    master, standby = roles(pair)
+    m = take(s3, loc, standby)
+    seen: dict[str, Any] = {}
+
+    def stop() -> None:
+        seen["ops"] = [(op.kind, op.servers) for op in in_flight(zk_store)]
+        with pytest.raises(LockBusy):
+            with Runner(zk_store, "rebuild-x", [fresh.address], lock_timeout=0.5).held():
+                pass
+        fresh.stop()
+
+    r = backup.restore(s3, loc, datadir=str(fresh.datadir), stop=stop, start=fresh.start,
+                       connect=fresh.connect, store=zk_store, node=fresh.address)
+    assert r.backup_id == m["backup_id"] and r.checksums_verified > 0
+    assert seen["ops"] == [("restore", (fresh.address,))], seen
+    assert in_flight(zk_store) == []
+    (j,) = _journals_of(zk_store, "restore")
+    assert j["done"] and j["servers"] == [fresh.address], j
+    assert [s["step"] for s in j["steps"]] == ["download", "install", "detach", "verify"], j
+
+
+def test_a_restore_beside_a_held_lock_is_refused_and_the_target_untouched(
+        zk_store, s3, loc, fresh):
+    from shardfleet.operations.runner import Runner
+
+    marker(fresh)
+    listing = sorted(p.name for p in fresh.datadir.iterdir())
+    with Runner(zk_store, "rebuild-x", [fresh.address], kind="rebuild").held():
+        with pytest.raises(RestoreRefused, match=r"holds.*nothing was changed"):
+            backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                           start=fresh.start, connect=fresh.connect, store=zk_store,
+                           node=fresh.address, lock_timeout=0.5)
+    assert fresh.running and fresh.sql("SHOW DATABASES LIKE 'sf_marker'")
+    assert sorted(p.name for p in fresh.datadir.iterdir()) == listing
+    assert _journals_of(zk_store, "restore") == []
