@@ -4,7 +4,7 @@ against the physical copy's raw limit, side by side in one run.
 
 Starts a source MariaDB, a target pair and ZooKeeper on 127.0.0.1, fills the source's 32
 shards with about --gib GiB (JSON bodies of about 1 KiB, mapping rows; generation is not
-measured), then times the split's ``clone`` step (shardfleet.split, the product path:
+measured), then times the split's ``clone`` step (shardfleet.operations.split, the product path:
 one snapshot, rows through this process into the target master, binlogged, applied by
 the target's standby) of the upper 16 shards with 1, 2 and 4 connections and the
 physical clone (``clone="physical"``: mariadb-backup of the whole source streamed to both

@@ -264,7 +264,7 @@ from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common
 
 
 def run(module):
-    from shardfleet import split as sp
+    from shardfleet.operations import split as sp
     from shardfleet.shardmap import diff
 
     p = module.params

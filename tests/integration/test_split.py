@@ -13,8 +13,14 @@ import pytest
 from shardfleet import ids
 from shardfleet.errors import MapStoreUnavailable
 from shardfleet.mapstore import ZooKeeperMapStore
+from shardfleet.operations.split import (
+    Credentials,
+    CutoverAborted,
+    Split,
+    SplitError,
+    SplitSpec,
+)
 from shardfleet.router import Router
-from shardfleet.split import Credentials, CutoverAborted, Split, SplitError, SplitSpec
 from shardfleet.store import Store
 from shardfleet.testing import MariaDBServer
 from shardfleet.testing.kit import (

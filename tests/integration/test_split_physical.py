@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shardfleet import physical, provision
-from shardfleet.split import SplitError
+from shardfleet.operations.split import SplitError
 from shardfleet.testing import MariaDBServer
 from shardfleet.testing.kit import (
     SplitFleet,
