@@ -813,7 +813,9 @@ def test_a_backup_beside_an_unfinished_rebuild_journal_is_refused(pair, zk_store
 
 def test_a_promotion_beside_a_running_backup_is_refused_and_the_backup_is_in_flight(
         pair, zk_store, s3, loc):
+    from shardfleet import promote
     from shardfleet.operations.runner import LockBusy, Runner, in_flight
+    from shardfleet.promote import PromotionRefused
 
     master, standby = roles(pair)
     seen: dict[str, Any] = {}
@@ -828,6 +830,10 @@ def test_a_promotion_beside_a_running_backup_is_refused_and_the_backup_is_in_fli
         with pytest.raises(LockBusy):
             with promotion().held():
                 pass
+        # the promotion itself (promote.yml's call): refused, nothing changed
+        with pytest.raises(PromotionRefused, match="holds"):
+            promote.promote(zk_store, tp.PAIR, [s.address for s in pair], mode="planned",
+                            opts=tp.opts(lock_timeout=0.5))
         seen["ops"] = [(op.kind, op.servers) for op in in_flight(zk_store)]
 
     m = take(s3, loc, standby, store=zk_store, progress=during)
@@ -838,6 +844,7 @@ def test_a_promotion_beside_a_running_backup_is_refused_and_the_backup_is_in_fli
     assert m["locked"] is True
     with promotion().held():                   # the lock went with the backup
         pass
+    assert roles(pair) == (master, standby)    # the promotion changed nothing
 
 
 def test_a_restore_journals_its_steps_and_is_in_flight_while_it_runs(
