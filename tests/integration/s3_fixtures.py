@@ -30,7 +30,7 @@ class S3:
     pid: int
 
     def client(self) -> Any:
-        from shardfleet.backup import s3_client
+        from shardfleet.storage import s3_client
 
         return s3_client(endpoint_url=self.url, region=REGION,
                          access_key=KEYS["AWS_ACCESS_KEY_ID"],
