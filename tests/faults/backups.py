@@ -45,8 +45,15 @@ from tests.integration.s3_fixtures import REGION, moto_s3
 from .campaign import OP_SCRIPT, Faults, Run, Scene, inject, oneline
 
 CLUSTER = "faults"
-# a corrupted object, or a refused backup listed as complete, for showing that the checker
-# fails (SHARDFLEET_FAULT_BREAK_BACKUPS=corrupt|list_refused; see docs in the report)
+# SHARDFLEET_FAULT_BREAK_BACKUPS: break what the checker checks, to see it fail (each must
+# fail the campaign's backup runs; docs/faults.md):
+#   corrupt       the newest complete backup's object gets one byte flipped (same size)
+#   checksums     the newest complete backup's manifest gets one checksum changed
+#   list_refused  a refused backup gets a manifest (listed as complete)
+#   rows          a backup is recorded as having to hold one row more than the pair had
+#   no_rerun      a killed or failed backup is not rerun (its journal is left in flight)
+#   unlocked      the backup takes no lock and reads no map (nothing refuses a standby
+#                 being rebuilt)
 BREAK = os.environ.get("SHARDFLEET_FAULT_BREAK_BACKUPS", "")
 REFUSED = ("Refused", "LockBusy", "OperationInFlight", "LockLost")
 # the backup runs' faults: the operation's process SIGKILLed or its ZooKeeper session
@@ -246,15 +253,20 @@ class Beside:
     def __post_init__(self) -> None:
         self.before = [m["backup_id"] for m in self.shelf.listed(self.pair)]
 
-    def _backup(self) -> OpProcess:
+    def _backup(self, lock_timeout: float | None = None) -> OpProcess:
         bid = backup_lib.new_backup_id()
+        at_least = dict(self.at_least)
+        if BREAK == "rows" and at_least:
+            first = sorted(at_least)[0]
+            at_least[first] += 1
         with self.shelf.lock:
             self.shelf.records[bid] = Record(bid, self.run.seed, self.node.address,
-                                             dict(self.at_least), list(self.shards))
+                                             at_least, list(self.shards))
         self.shelf.pairs[self.pair] = list(self.shards)
         spec = {"op": "backup", "zk": self.zk, "cluster": self.cluster,
                 "s3": self.shelf.spec(self.pair), "server": self.node.handle(),
-                "backup_id": bid, "lock_timeout": self.plan.get("lock_timeout")}
+                "backup_id": bid, "unlocked": BREAK == "unlocked",
+                "lock_timeout": lock_timeout or self.plan.get("lock_timeout")}
         n = len(self.backups)
         proc = OpProcess(OP_SCRIPT, spec, self.tmp / f"backup{n}.log")
         self.backups.append((bid, proc))
@@ -319,17 +331,20 @@ class Beside:
         if self.restore is not None:
             self._judge_restore(self.restore)
         first = self.shelf.records[self.backups[0][0]] if self.backups else None
-        if first is None or first.outcome not in ("killed", "failed"):
+        if first is None or first.outcome not in ("killed", "failed") or BREAK == "no_rerun":
             return
+        # the rerun waits for the node's lock (a killed backup's session holds it until
+        # ZooKeeper expires it); refused again: wait and rerun. Bounded: five, a minute.
         bid = ""
-        for _ in range(3):
-            proc = self._backup()
+        deadline = time.monotonic() + 60
+        for _ in range(5):
+            proc = self._backup(lock_timeout=20.0)
             bid = self.backups[-1][0]
             self._judge(bid, proc)
             rec = self.shelf.records[bid]
             if rec.outcome == "ok":
                 return
-            if rec.outcome != "refused":
+            if rec.outcome != "refused" or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         self.run.problems.append(f"wedged: the backup rerun after a {first.outcome} backup "
@@ -398,6 +413,8 @@ class Beside:
                                      f"{newest.get('node')}, source {newest.get('source')}")
         if BREAK == "corrupt" and newest["backup_id"] in mine:
             self._corrupt(newest)
+        if BREAK == "checksums" and newest["backup_id"] in mine and newest.get("checksums"):
+            self._change_a_checksum(newest)
         try:
             head = self.shelf.s3.head_object(Bucket=self.shelf.bucket, Key=newest["object"])
             if head["ContentLength"] != newest["bytes"]:
@@ -417,6 +434,23 @@ class Beside:
                                  Body=bytes(body))
         self.run.schedule.note("corrupted (SHARDFLEET_FAULT_BREAK_BACKUPS)",
                                object=manifest["object"])
+
+
+    def _change_a_checksum(self, manifest: dict[str, Any]) -> None:
+        """SHARDFLEET_FAULT_BREAK_BACKUPS=checksums: one table's checksum in the manifest
+        changed (the object intact: only the restore's verify step sees it)."""
+        import json
+
+        m = json.loads(json.dumps(manifest))
+        db = sorted(m["checksums"])[0]
+        table = sorted(m["checksums"][db])[0]
+        m["checksums"][db][table] = (m["checksums"][db][table] or 0) + 1
+        loc = self.shelf.loc(self.pair)
+        self.shelf.s3.put_object(Bucket=loc.bucket, Key=loc.key(m["backup_id"],
+                                                                backup_lib.MANIFEST),
+                                 Body=json.dumps(m).encode())
+        self.run.schedule.note("a checksum changed (SHARDFLEET_FAULT_BREAK_BACKUPS)",
+                               table=f"{db}.{table}")
 
 
 __all__ = ["FAULTS", "Beside", "Record", "Shelf", "backup_plan", "content_problems",
