@@ -106,7 +106,8 @@ options:
       without a server lock and without a journal (nothing keeps a rebuild, split or
       promotion of the node from running beside it); a restore still refuses a target
       that I(operations) shows with an operation in flight. Without it, a backup or
-      restore with no I(zookeeper_hosts) is refused before anything is read.
+      restore with no I(zookeeper_hosts) is refused before anything is read (check mode,
+      which changes nothing, then only skips the lock check).
     type: bool
     default: false
   lock_timeout:
@@ -366,14 +367,15 @@ def _connect(module):
 @contextmanager
 def _store(module, node):
     """The map's ZooKeeper store for the runner (its locks and journals), or None with
-    unlocked; fail_json when neither is given (nothing was read or changed)."""
+    unlocked; fail_json when neither is given (nothing was read or changed). Check mode
+    changes nothing: without zookeeper_hosts it only skips the lock check."""
     from ansible_collections.shardfleet.fleet.plugins.module_utils.shardfleet_common import (
         zookeeper_store,
     )
 
     p = module.params
     if not p["zookeeper_hosts"]:
-        if not p["unlocked"]:
+        if not p["unlocked"] and not module.check_mode:
             module.fail_json(msg=f"mode={p['mode']} needs zookeeper_hosts (the runner takes "
                                  f"the lock of {node or 'the node'} and journals the run), or "
                                  "unlocked=true to run without a lock; nothing was changed",
@@ -381,6 +383,9 @@ def _store(module, node):
         yield None
         return
     if not node:
+        if module.check_mode:  # e.g. restore.yml's run_once read of the backup to restore
+            yield None
+            return
         module.fail_json(msg=f"mode={p['mode']} with zookeeper_hosts needs node (host:port "
                              "of the node to lock)")
     store = zookeeper_store(module)

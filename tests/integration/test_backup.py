@@ -886,3 +886,30 @@ def test_a_restore_beside_a_held_lock_is_refused_and_the_target_untouched(
     assert fresh.running and fresh.sql("SHOW DATABASES LIKE 'sf_marker'")
     assert sorted(p.name for p in fresh.datadir.iterdir()) == listing
     assert _journals_of(zk_store, "restore") == []
+
+
+def test_a_backup_that_loses_its_lock_mid_stream_writes_no_manifest(pair, zk_store, s3, loc):
+    """Another run took the node's fencing token while the stream ran (what a run that
+    took the lock after this one's ZooKeeper session expired does): the backup fails
+    before its manifest (BackupFailed, not complete, its object removed)."""
+    from shardfleet.operations.runner import Journal, server_lock_name
+
+    master, standby = roles(pair)
+    fence = zk_store.ops_node("fence", server_lock_name(standby.address))
+
+    def take_the_fence(_p: Any) -> None:
+        raw, version = zk_store.read_raw(fence)
+        if raw is not None and not getattr(take_the_fence, "done", False):
+            zk_store.write_raw(fence, raw, version)
+            take_the_fence.done = True  # type: ignore[attr-defined]
+
+    try:
+        with pytest.raises(BackupFailed, match="lost its lock.*no manifest"):
+            take(s3, loc, standby, store=zk_store, progress=take_the_fence)
+        assert keys(s3, loc) == [] and pending_uploads(s3, loc) == []
+        assert backup.list_backups(s3, loc) == []
+    finally:
+        for d in _journals_of(zk_store, "backup"):  # left at its step: the fence moved
+            j = Journal(zk_store, d["name"])
+            j.load()
+            j.delete()

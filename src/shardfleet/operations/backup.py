@@ -26,7 +26,9 @@ servers) cannot run beside it, and a backup beside a held lock or an unfinished
 operation on the node is refused (:class:`BackupRefused`) with nothing uploaded. Its
 journal (``backup-<node>``, kind ``backup``) is in the registry of operations in flight
 from the moment the node passed its check until the manifest is written
-(``manifest``) or the backup failed (``failed``: nothing complete was left in S3). A
+(``manifest``) or the backup failed (``failed``: nothing complete was left in S3; a
+backup that lost its lock before the manifest, as a run whose session expired, fails
+so and removes its object: the node may have changed under another run). A
 backup process killed outright leaves its journal in flight: the next backup of the
 node takes it over (or ``shardfleet ops`` shows it). Without a store the backup takes
 no lock (a library caller's choice; the module needs ``zookeeper_hosts`` or an explicit
@@ -46,6 +48,7 @@ from shardfleet.errors import ShardfleetError
 from shardfleet.operations.runner import (
     Journal,
     LockBusy,
+    LockLost,
     OperationInFlight,
     Runner,
     Step,
@@ -361,6 +364,10 @@ def _run(run: _Backup, connect: Callable[[], Any], runner: Runner | None) -> dic
     except BaseException as exc:
         if run.journal is not None and run.begun:
             _journal_failure(run.journal, exc)
+        if isinstance(exc, LockLost):  # another run may have changed the node meanwhile
+            why = discard(run.s3, run.loc.bucket, run.key, str(exc)) if run.key else exc
+            raise BackupFailed(f"backup of {run.node} lost its lock: {why}; no manifest "
+                               "written, nothing complete left in S3") from None
         raise
     finally:
         run.conn.close()
