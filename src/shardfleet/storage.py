@@ -71,14 +71,16 @@ _LOCKED_FILE = re.compile(r"^(mysql/(general_log|slow_log)\.CS[MV]|mysql/(column
 
 
 class BackupFailed(ShardfleetError):
-    """Raised by :func:`backup` when no backup was made: nothing looks complete in S3
-    (the multipart upload was aborted, no manifest was written)."""
+    """Raised by a backup (:func:`shardfleet.operations.backup.backup`) when no backup was
+    made: nothing looks complete in S3 (the multipart upload was aborted, no manifest was
+    written)."""
 
 
 class BackupRefused(BackupFailed):
-    """Raised by :func:`backup` before anything starts, nothing uploaded: the node is not
-    a healthy standby (:func:`check_source`: writable and ``allow_master`` not given,
-    marked for rebuild in the map, replication stopped or lagging). ``health`` says why."""
+    """Raised by a backup before anything starts, nothing uploaded: the node is not a
+    healthy standby (``check_source``: writable and ``allow_master`` not given, marked for
+    rebuild in the map, replication stopped or lagging; ``health`` says why), or another
+    operation holds its lock or is in flight on it."""
 
     def __init__(self, msg: str, health: Any = None) -> None:
         super().__init__(msg)
@@ -86,13 +88,14 @@ class BackupRefused(BackupFailed):
 
 
 class RestoreFailed(ShardfleetError):
-    """Raised by :func:`restore`; the message says whether the target was touched."""
+    """Raised by a restore (:func:`shardfleet.operations.restore.restore`); the message
+    says whether the target was touched."""
 
 
 class RestoreRefused(RestoreFailed):
-    """Raised by :func:`restore` before the target's data directory is touched: no such
-    backup, a corrupted object (sha256 differs from the manifest), a stream that does
-    not extract or prepare. The target is unchanged."""
+    """Raised by a restore before the target's data directory is touched: no such backup,
+    a corrupted object (sha256 differs from the manifest), a stream that does not extract
+    or prepare, another operation holding the target's lock. The target is unchanged."""
 
 
 
@@ -128,7 +131,7 @@ class Location:
 
 @dataclass
 class Progress:
-    """What :func:`backup` passes its *progress* callback after each uploaded part."""
+    """What a backup passes its *progress* callback after each uploaded part."""
 
     stream_bytes: int = 0        # bytes mariadb-backup produced
     object_bytes: int = 0        # bytes uploaded (compressed when compressing)

@@ -314,8 +314,8 @@ def backup(s3: Any, loc: Location, argv: list[str], *, connect: Callable[[], Any
     one unless *allow_master*; with *store* (the map's ZooKeeper store) also a node whose
     server lock another operation holds (waiting *lock_timeout* s for it) or that an
     unfinished operation touches. The manifest records the check (``source``,
-    ``from_healthy_standby``: what :func:`retention` protects) and ``locked``. Raises
-    :class:`BackupFailed` with nothing complete left in S3."""
+    ``from_healthy_standby``: what :func:`shardfleet.storage.retention` protects) and
+    ``locked``. Raises :class:`BackupFailed` with nothing complete left in S3."""
     if part_size < MIN_PART_SIZE:
         raise BackupFailed(f"part_size {part_size} is below S3's minimum of {MIN_PART_SIZE}")
     run = _Backup(s3, loc, argv, node, backup_id or new_backup_id(), compress, part_size,

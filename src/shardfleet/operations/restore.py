@@ -312,8 +312,8 @@ def download(s3: Any, loc: Location, manifest: dict[str, Any], directory: str) -
 
 def refuse_if_in_flight(store: Any, node: str,
                        operations: list[dict[str, Any]] | None = None) -> None:
-    """:class:`RestoreRefused` when an operation in flight (:func:`shardfleet.ops.in_flight`
-    of *store*: a split, promotion or rebuild whose journal is unfinished) touches *node*:
+    """:class:`RestoreRefused` when an operation in flight (the runner's registry of
+    *store*: a split, promotion or rebuild whose journal is unfinished) touches *node*:
     a restore would replace the data under its steps. Without a store, *operations* is
     that registry as the control node read it (``shard_info``'s ``operations``: name,
     kind, step, servers)."""
