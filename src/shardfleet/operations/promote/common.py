@@ -1,5 +1,6 @@
 """What the promotion's modules share: the run (its journal ``promote-<pair>``, its
-messages), the map edits under the promotion's name, and the commands it prints."""
+messages), the map edits under the promotion's name, the commands it prints, and the
+side connection that stops a replication I/O thread (:class:`_Stopper`)."""
 
 from __future__ import annotations
 
