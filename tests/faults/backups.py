@@ -403,11 +403,15 @@ class Beside:
         if unknown:
             self.run.problems.append(f"complete backups no process of this run took: {unknown}")
         if not listed:
+            self.prune()
             return
         newest = listed[-1]
         self.run.schedule.note("backups listed", complete=len(ids), newest=newest["backup_id"],
                                this_run=sorted(set(ids) & mine))
-        if newest.get("node") != self.node.address or not newest.get("from_healthy_standby"):
+        # from the standby this run backed up when this run took it (an earlier run's may be
+        # of servers since replaced), and from a healthy standby whoever took it
+        if (newest["backup_id"] in mine and newest.get("node") != self.node.address) \
+                or not newest.get("from_healthy_standby"):
             self.run.problems.append(f"the newest complete backup {newest['backup_id']} is not "
                                      f"from the healthy standby {self.node.address}: node "
                                      f"{newest.get('node')}, source {newest.get('source')}")
@@ -423,6 +427,22 @@ class Beside:
                                          f"{newest['bytes']}")
         except Exception as exc:  # noqa: BLE001 - reported
             self.run.problems.append(f"the newest backup's object is not there: {oneline(exc)}")
+        self.prune()
+
+    def prune(self) -> None:
+        """moto keeps every object in memory: the library's retention keeps the pair's two
+        newest complete backups and aborts the killed ones' pending uploads (no process of
+        the run is running now: every upload is stale)."""
+        if BREAK:
+            return  # the broken manifests are none retention knows
+        try:
+            out = backup_lib.retention(self.shelf.s3, self.shelf.loc(self.pair), keep_count=2,
+                                       stale_hours=0)
+            self.run.schedule.note("retention", **{k: len(v) for k, v in out.items()
+                                                   if isinstance(v, list)})
+        except Exception as exc:  # noqa: BLE001 - reported
+            self.run.problems.append(f"retention of {self.pair}'s backups failed: "
+                                     f"{oneline(exc)}")
 
     def _corrupt(self, manifest: dict[str, Any]) -> None:
         """SHARDFLEET_FAULT_BREAK_BACKUPS=corrupt: one byte of the object flipped (same size:

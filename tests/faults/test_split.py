@@ -15,7 +15,7 @@ from shardfleet.ops import LockBusy, OperationInFlight
 from shardfleet.split import SplitError
 from shardfleet.testing import MariaDBServer
 from shardfleet.testing.history import check_history, tagged_rows
-from shardfleet.testing.kit import SplitFleet, verify, wait_pair_synced
+from shardfleet.testing.kit import SplitFleet, WriterLog, verify, wait_pair_synced
 from shardfleet.testing.nemesis import OpProcess
 
 from . import checks
@@ -97,6 +97,43 @@ def recover_split(run: Run, fleet: SplitFleet) -> bool:
     return False
 
 
+def check_split(run: Run, fleet: SplitFleet, split_servers: tuple[MariaDBServer, ...],
+                log: WriterLog, servers: dict[str, Any], zookeeper: Any, tmp_path: Path,
+                scene: Scene) -> None:
+    """The checker of a split run: the map, the journals, the target pair both ways, the
+    history against the servers, no write on the old master, the pair's rows equal, the
+    fleet writable through a fresh router."""
+    src, tgt, sb = split_servers
+    run.schedule.note("checking", ops=len(log.history.completions()))
+    m = fleet.map()
+    run.problems += checks.map_problems(m)
+    moved, kept = m.range_for(MOVING[0]), m.range_for(0)
+    if (moved.bounds, moved.master, moved.standby) != (MOVING, tgt.address, sb.address):
+        run.problems.append(f"the moved range is {moved.describe()}")
+    if kept.master != src.address:
+        run.problems.append(f"the kept range is {kept.describe()}")
+    run.problems += checks.in_flight_problems(fleet.store)
+    run.problems += checks.both_ways(tgt, sb)
+    run.schedule.note("checked: map, journals, both ways")
+    run.problems += check_history(m, servers, ALL_SHARDS, log.history, log.tag)
+    run.problems += scene.origin_problems(log)
+    try:
+        verify(fleet, log, MOVING)  # the kit's checker: also no write on the old master
+    except AssertionError as exc:
+        run.problems.append(f"check_writes: {exc}")
+    try:
+        wait_pair_synced(tgt, sb, timeout=20)
+        moving = list(range(MOVING[0], MOVING[1] + 1))
+        if tagged_rows(tgt, moving, log.tag) != tagged_rows(sb, moving, log.tag):
+            run.problems.append("the target's standby differs from the target")
+    except AssertionError as exc:
+        run.problems.append(str(exc))
+    run.schedule.note("checked: history")
+    run.problems += checks.writable_problems(zookeeper.address, fleet.cluster, tmp_path,
+                                             [3, 20])
+    run.schedule.note("checked: writable")
+
+
 def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
               split_servers: tuple[MariaDBServer, ...], zookeeper: Any, tmp_path: Path,
               shelf: Shelf | None = None) -> None:
@@ -141,34 +178,7 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
             if beside is not None:
                 beside.stop()
             log = scene.stop()
-    run.schedule.note("checking", ops=len(log.history.completions()))
-    m = fleet.map()
-    run.problems += checks.map_problems(m)
-    moved, kept = m.range_for(MOVING[0]), m.range_for(0)
-    if (moved.bounds, moved.master, moved.standby) != (MOVING, tgt.address, sb.address):
-        run.problems.append(f"the moved range is {moved.describe()}")
-    if kept.master != src.address:
-        run.problems.append(f"the kept range is {kept.describe()}")
-    run.problems += checks.in_flight_problems(fleet.store)
-    run.problems += checks.both_ways(tgt, sb)
-    run.schedule.note("checked: map, journals, both ways")
-    run.problems += check_history(m, servers, ALL_SHARDS, log.history, log.tag)
-    run.problems += scene.origin_problems(log)
-    try:
-        verify(fleet, log, MOVING)  # the kit's checker: also no write on the old master
-    except AssertionError as exc:
-        run.problems.append(f"check_writes: {exc}")
-    try:
-        wait_pair_synced(tgt, sb, timeout=20)
-        moving = list(range(MOVING[0], MOVING[1] + 1))
-        if tagged_rows(tgt, moving, log.tag) != tagged_rows(sb, moving, log.tag):
-            run.problems.append("the target's standby differs from the target")
-    except AssertionError as exc:
-        run.problems.append(str(exc))
-    run.schedule.note("checked: history")
-    run.problems += checks.writable_problems(zookeeper.address, fleet.cluster, tmp_path,
-                                             [3, 20])
-    run.schedule.note("checked: writable")
+    check_split(run, fleet, split_servers, log, servers, zookeeper, tmp_path, scene)
     if beside is not None:
         beside.check()
         run.schedule.note("checked: backups")
