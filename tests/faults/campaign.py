@@ -33,8 +33,8 @@ backup of a pair's standby and a restore of the pair's newest complete backup in
 scratch server beside a rebuild of that standby or a split onto that pair, at instants of
 their own, and have faults of their own: ``kill`` and ``session_expiry`` of the operation,
 
-* ``kill_backup``  SIGKILL of the backup's process (and its mariadb-backup) a drawn while
-                   after it started: its rerun must complete;
+* ``kill_backup``  SIGKILL of the backup's process (and its mariadb-backup) 0.1-1.5 s
+                   (drawn) after it started: its rerun must complete;
 * ``beside``       none but the mix: the backup and the restore beside the operation.
 
 Faults after the instant the operation already finished still happen (but for
@@ -94,9 +94,11 @@ UNREACHABLE_ZK = "127.0.0.1:1"
 # The share of the campaign's runs each family gets, and the runs in all by default.
 # Measured on a quiet 2-core machine (see docs/faults.md): a planned promotion run ~1.5 s,
 # an open-range ~2 s, an emergency with its rebuild ~5 s, a split ~4 s (9 s when killed:
-# the rerun waits for the dead process's ZooKeeper session to expire); the backup runs
-# (tests/faults/backups.py) 5-13 s on a loaded machine: a backup of the standby takes 1-5 s
-# and a restore 1-2 s beside the operation (a killed backup's rerun waits for its lock).
+# the rerun waits for the dead process's ZooKeeper session to expire); a backup run
+# (tests/faults/backups.py) about 2.5 planned runs: on a machine loaded by other test runs
+# (load average 8-22) a backup_rebuild run took 21 s and a backup_split 18 s on average,
+# against 8.5 s for a planned promotion and 15 s for an emergency (a backup of the standby
+# takes 1-5 s, a restore 1-2 s; a killed backup's rerun waits for its lock).
 WEIGHTS = {"planned": 0.34, "open_range": 0.18, "emergency": 0.18, "split": 0.23,
            "backup_rebuild": 0.04, "backup_split": 0.03}
 DEFAULT_RUNS = 200
