@@ -946,15 +946,16 @@ def test_a_killed_backups_rerun_takes_its_journal_over_and_finishes_it(
     assert j["done"] and j["backup_id"] == m["backup_id"] and in_flight(zk_store) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the registry (operations/journal.py) does not yet read "
-                   "in_flight_while_locked: a dead backup's journal blocks the pair until "
-                   "the next backup of the node")
 def test_a_killed_backups_journal_does_not_block_a_rebuild(pair, zk_store, s3, loc,
                                                            killed_backup):
-    from shardfleet.operations.runner import Runner
+    from shardfleet.operations.runner import Runner, in_flight, servers_lock
 
     master, standby = roles(pair)
     try:
+        # in flight while the node's lock has a holder (a live backup), not after
+        with servers_lock(zk_store, [standby.address], identifier=killed_backup):
+            assert [op.name for op in in_flight(zk_store)] == [killed_backup]
+        assert in_flight(zk_store) == []
         with Runner(zk_store, "rebuild-" + tp.PAIR, [master.address, standby.address],
                     kind="rebuild", lock_timeout=0.5).held():
             pass

@@ -398,8 +398,8 @@ def _check(run: _Backup) -> StepResult:
     run.health = health
     if run.journal is not None:
         # in_flight_while_locked: a backup changes nothing on its node, so a journal its
-        # killed process left is in flight only while the node's lock has a holder (for a
-        # registry that reads it; until then the next backup of the node takes it over)
+        # killed process left is in flight only while its run holds the node's lock (the
+        # registry reads it); the next backup of the node takes it over
         run.journal.save({"step": "check", "node": run.node, "backup_id": run.bid,
                           "pair": run.loc.pair, "bucket": run.loc.bucket, "steps": [],
                           "in_flight_while_locked": True})

@@ -235,14 +235,32 @@ def _unfinished(name: str, d: dict[str, Any]) -> InFlight | None:
                     float(d.get("updated_at") or d.get("started_at") or 0), d)
 
 
+def server_lock_name(server: str) -> str:
+    """The lock every operation takes for a server it changes (``server-host:port``), so a
+    split and a promotion touching the same server exclude each other."""
+    return "server-" + server.replace("/", "_")
+
+
+def _holderless(store: ZooKeeperMapStore, name: str, d: dict[str, Any]) -> bool:
+    """A journal whose header says ``in_flight_while_locked`` (an operation that changes
+    nothing on its servers, a backup) when its run holds none of its servers' locks (no
+    contender names the journal, as a runner names its locks): its process is gone, and it
+    blocks no one (its next run takes the journal over)."""
+    if not d.get("in_flight_while_locked"):
+        return False
+    return not any(name in store.client.Lock(
+        store.ops_node("locks", server_lock_name(s))).contenders() for s in _servers(d))
+
+
 def operations(store: ZooKeeperMapStore) -> tuple[list[InFlight], list[dict[str, Any]]]:
     """Every journal, read once: the operations in flight, and the finished ones the
-    journals still hold (name, kind, and when the journal last moved: a pair's promotion
-    journal is reused by its next promotion, so that is the latest one's end)."""
+    journals still hold, a dead backup's among them (name, kind, and when the journal last
+    moved: a pair's promotion journal is reused by its next promotion, so that is the
+    latest one's end)."""
     running: list[InFlight] = []
     done: list[dict[str, Any]] = []
     for n, d in journals(store).items():
-        if (op := _unfinished(n, d)) is not None:
+        if (op := _unfinished(n, d)) is not None and not _holderless(store, n, d):
             running.append(op)
         else:
             done.append({"name": n, "kind": _kind(n, d),

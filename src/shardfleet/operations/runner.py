@@ -44,6 +44,7 @@ from shardfleet.operations.journal import (
     journals,
     operations,
     refuse_if_busy,
+    server_lock_name,
 )
 from shardfleet.operations.types import OperationFailed, OperationRefused, Result, describe
 
@@ -77,12 +78,6 @@ def pair_lock(store: ZooKeeperMapStore, name: str, *, timeout: float = 5.0,
             lock.release()
         except Exception:  # noqa: BLE001 - the session may already be gone
             log.warning("could not release %s", path, exc_info=True)
-
-
-def server_lock_name(server: str) -> str:
-    """The lock every operation takes for a server it changes (``server-host:port``), so a
-    split and a promotion touching the same server exclude each other."""
-    return "server-" + server.replace("/", "_")
 
 
 @contextmanager
