@@ -39,7 +39,7 @@ from typing import Any
 
 from shardfleet import backup as backup_lib
 from shardfleet.testing import MariaDBServer
-from shardfleet.testing.nemesis import OpProcess
+from shardfleet.testing.nemesis import OpProcess, expire_session
 from tests.integration.s3_fixtures import REGION, moto_s3
 
 from .campaign import OP_SCRIPT, Faults, Run, Scene, inject, oneline
@@ -55,10 +55,12 @@ CLUSTER = "faults"
 #   unlocked      the backup takes no lock and reads no map (nothing refuses a standby
 #                 being rebuilt)
 BREAK = os.environ.get("SHARDFLEET_FAULT_BREAK_BACKUPS", "")
-REFUSED = ("Refused", "LockBusy", "OperationInFlight", "LockLost")
+REFUSED = ("Refused", "LockBusy", "OperationInFlight")
 # the backup runs' faults: the operation's process SIGKILLed or its ZooKeeper session
-# expired (the campaign's), the backup's process SIGKILLed, or only the mix itself
-FAULTS = ("kill", "session_expiry", "kill_backup", "beside")
+# expired (the campaign's), the backup's process SIGKILLed, or only the mix itself; then
+# the backup's ZooKeeper session expired, the restore's process SIGKILLed
+FAULTS_1 = ("kill", "session_expiry", "kill_backup", "beside")
+FAULTS = FAULTS_1 + ("expire_backup", "kill_restore")
 # a backup of the promotion pair's standby (8 shards) takes about 1-2 s here; its kill
 # lands within that
 KILL_AFTER = (0.1, 1.5)
@@ -81,7 +83,7 @@ def fault_or_wait(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
                   faults: Faults) -> None:
     """The campaign's fault on the operation (``kill``, ``session_expiry``); for the
     backup's own (``kill_backup``, ``beside``: :class:`Beside` acts) wait for it ready."""
-    if plan["fault"] in ("kill_backup", "beside"):
+    if plan["fault"] in ("kill_backup", "beside", "expire_backup", "kill_restore"):
         if not proc.wait_ready(60):
             run.problems.append(f"the operation's process never became ready: "
                                 f"{proc.lines[-5:]}")
@@ -291,8 +293,11 @@ class Beside:
         events = [(self.plan["restore_at"], "restore")]
         if self.plan["backup_at"] >= 0:
             events.append((self.plan["backup_at"], "backup"))
-        if self.plan["fault"] == "kill_backup":
-            events.append((max(0.0, self.plan["backup_at"]) + self.plan["kill_after"], "kill"))
+        fault = self.plan["fault"]
+        if fault in ("kill_backup", "expire_backup"):
+            events.append((max(0.0, self.plan["backup_at"]) + self.plan["kill_after"], fault))
+        if fault == "kill_restore":
+            events.append((self.plan["restore_at"] + self.plan["kill_after"], fault))
         for at, what in sorted(events):
             end = op.ready_at + at
             while time.monotonic() < end:  # bounded by the plan's instants
@@ -300,16 +305,36 @@ class Beside:
             if what == "backup":
                 self._backup()
             elif what == "restore":
-                self.restore = OpProcess(OP_SCRIPT, {
-                    "op": "restore", "zk": self.zk, "cluster": self.cluster,
-                    "s3": self.shelf.spec(self.pair), "server": self.shelf.scratch.handle()},
-                    self.tmp / "restore.log")
-                self.run.schedule.note("restore started", at=at,
+                self.restore = self._restore()
+                self.run.schedule.note("restore started", at=at, op_running=op.running)
+            elif what == "kill_restore" and self.restore is not None:
+                self.run.schedule.note("restore SIGKILLed", at=at, killed=self.restore.kill(),
                                        op_running=op.running)
-            elif self.backups:
+            elif what == "kill_backup" and self.backups:
                 _, proc = self.backups[0]
                 self.run.schedule.note("backup SIGKILLed", at=at, killed=proc.kill(),
                                        op_running=op.running)
+            elif what == "expire_backup" and self.backups:
+                self._expire(self.backups[0][1], at)
+
+    def _restore(self, lock_timeout: float | None = None, n: int = 0) -> OpProcess:
+        return OpProcess(OP_SCRIPT, {
+            "op": "restore", "zk": self.zk, "cluster": self.cluster,
+            "s3": self.shelf.spec(self.pair), "server": self.shelf.scratch.handle(),
+            "lock_timeout": lock_timeout}, self.tmp / f"restore{n or ''}.log")
+
+    def _expire(self, proc: OpProcess, at: float) -> None:
+        """The backup's ZooKeeper session expired (as the campaign's session_expiry)."""
+        if proc.session is None or not proc.running:
+            self.run.schedule.note("backup not running at the expiry's instant", at=at)
+            return
+        try:
+            expire_session(self.zk, proc.session)
+            self.run.schedule.note("backup's ZooKeeper session expired", at=at,
+                                   session=f"{proc.session[0]:#x}", running=proc.running)
+        except Exception as exc:  # noqa: BLE001 - SessionGone: it was ending
+            self.run.schedule.note("backup's session not expired", at=at, error=oneline(exc),
+                                   running=proc.running)
 
     def stop(self) -> None:
         """On the way out of a run that raised: no process of this run left running."""
@@ -329,7 +354,7 @@ class Beside:
         for bid, proc in list(self.backups):
             self._judge(bid, proc)
         if self.restore is not None:
-            self._judge_restore(self.restore)
+            self._rerun_restore(self._judge_restore(self.restore))
         first = self.shelf.records[self.backups[0][0]] if self.backups else None
         if first is None or first.outcome not in ("killed", "failed") or BREAK == "no_rerun":
             return
@@ -359,10 +384,26 @@ class Beside:
         if BREAK == "list_refused" and rec.outcome == "refused":
             self._list_anyway(bid)
 
-    def _judge_restore(self, proc: OpProcess) -> None:
+    def _rerun_restore(self, killed: bool) -> None:
+        """A killed restore rerun (the same command) until it finishes: it must, and what it
+        restored is checked. Bounded: three reruns, each waiting up to 20 s for the lock the
+        killed one's session held."""
+        for n in range(1, 4):
+            if not killed or BREAK == "no_rerun":
+                return
+            self.run.schedule.note("restore rerun", n=n)
+            killed = self._judge_restore(self._restore(lock_timeout=20.0, n=n), rerun=True)
+        self.run.problems.append("wedged: the killed restore's reruns did not finish it")
+
+    def _judge_restore(self, proc: OpProcess, rerun: bool = False) -> bool:
+        """The restore's outcome judged; True when it was killed (no result: rerun it)."""
         rc = proc.wait(180)
         res = proc.result
         self.run.schedule.note("restore ended", rc=rc, result=res or proc.lines[-3:])
+        if not res and (rc is None or rc < 0):
+            return True
+        if rerun and "another operation holds" in res:
+            return True  # the killed one's lock, not yet expired: rerun again
         if res.startswith("ok"):
             bid = res.split()[2]
             verified = int(res.split("verified=")[1].split()[0])
@@ -374,6 +415,7 @@ class Beside:
         else:
             self.run.problems.append(f"the restore of the newest complete backup beside the "
                                      f"operation failed: {res or proc.lines[-3:]}")
+        return False
 
     def _list_anyway(self, bid: str) -> None:
         """SHARDFLEET_FAULT_BREAK_BACKUPS=list_refused: a manifest written for a refused
@@ -393,7 +435,10 @@ class Beside:
         mine = {bid for bid, _ in self.backups}
         for bid in mine:
             rec = self.shelf.records[bid]
-            if rec.outcome in ("refused", "failed") and bid in ids:
+            # a run that lost its lock after the manifest was written is complete (what it
+            # restores is checked like any other's)
+            if rec.outcome in ("refused", "failed") and bid in ids \
+                    and "LockLost" not in rec.detail:
                 self.run.problems.append(f"the {rec.outcome} backup {bid} is listed as "
                                          f"complete ({rec.detail})")
             if rec.outcome == "ok" and bid not in ids:

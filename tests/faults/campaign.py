@@ -35,7 +35,10 @@ their own, and have faults of their own: ``kill`` and ``session_expiry`` of the 
 
 * ``kill_backup``  SIGKILL of the backup's process (and its mariadb-backup) 0.1-1.5 s
                    (drawn) after it started: its rerun must complete;
-* ``beside``       none but the mix: the backup and the restore beside the operation.
+* ``beside``       none but the mix: the backup and the restore beside the operation;
+* ``expire_backup`` the backup's ZooKeeper session expired while it runs: it stops (LockLost)
+                   or finishes, and a stopped one's rerun completes;
+* ``kill_restore`` SIGKILL of the restore's process: its rerun finishes it.
 
 Faults after the instant the operation already finished still happen (but for
 ``kill``, ``lost_reply``, ``second_op`` and ``session_expiry``, which need it running): a

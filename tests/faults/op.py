@@ -228,6 +228,8 @@ def restore_newest(store: Any, spec: dict[str, Any]) -> str:
     kw: dict[str, Any] = {}
     if "store" in inspect.signature(backup.restore).parameters:
         kw = {"store": store, "node": node.address}  # on the runner: the target's lock
+        if spec.get("lock_timeout") is not None:
+            kw["lock_timeout"] = float(spec["lock_timeout"])
     r = backup.restore(s3, loc, datadir=str(node.datadir), stop=node.stop, start=node.start,
                        connect=node.connect, verify=True, **kw)
     return (f"restored {r.backup_id} at {r.position} verified={r.checksums_verified} "

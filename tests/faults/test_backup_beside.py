@@ -8,10 +8,12 @@ started at instants drawn from the run's seed beside
 * ``backup_split`` (in :mod:`tests.faults.test_split`): a split onto the pair whose
   standby is backed up.
 
-The faults (:data:`FAULTS`): the operation's process SIGKILLed or its ZooKeeper session
-expired (the campaign's ``kill`` and ``session_expiry``), the backup's process SIGKILLed
-(``kill_backup``), or none but the mix itself (``beside``). The recovery: the operation's
-command rerun until it finishes, a killed or failed backup rerun. The checker: the
+The faults (:data:`tests.faults.backups.FAULTS`): the operation's process SIGKILLed or its
+ZooKeeper session expired (the campaign's ``kill`` and ``session_expiry``), the backup's
+process SIGKILLed (``kill_backup``) or its session expired (``expire_backup``), the
+restore's process SIGKILLed (``kill_restore``), or none but the mix itself (``beside``).
+The recovery: the operation's command rerun until it finishes, a killed or failed backup
+rerun, a killed restore rerun. The checker: the
 promotion family's (:func:`tests.faults.test_promote.check_pair`) and the backups'
 (:meth:`tests.faults.backups.Beside.check`; the restore checks).
 """
@@ -101,4 +103,4 @@ def test_backup_and_restore_beside_a_rebuild_of_the_standby(seed, promote_pair, 
     check_pair(run, promote_store, pair, log, servers, zookeeper, tmp_path, scene)
     beside.check()
     run.fail_if_problems(log, servers, [op_log, *sorted(tmp_path.glob("backup*.log")),
-                                        tmp_path / "restore.log"])
+                                        *sorted(tmp_path.glob("restore*.log"))])

@@ -183,7 +183,7 @@ def split_run(run: Run, plan: dict[str, Any], fleet: SplitFleet,
         beside.check()
         run.schedule.note("checked: backups")
     run.fail_if_problems(log, servers, [op_log, *sorted(tmp_path.glob("backup*.log")),
-                                        tmp_path / "restore.log"])
+                                        *sorted(tmp_path.glob("restore*.log"))])
 
 
 @pytest.mark.parametrize("seed", seeds("split"))
