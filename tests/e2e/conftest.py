@@ -13,6 +13,7 @@ can go side by side with the first.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from shardfleet.tls import TLS
+from tests.integration.s3_fixtures import S3, moto_s3
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -149,12 +151,15 @@ class Fleet:
     secrets: dict[str, str]
     runs: dict[str, Run] = field(default_factory=dict)
 
-    def playbook(self, name: str, *args: str) -> Run:
+    def playbook(self, name: str, *args: str, inventory: Path | None = None) -> Run:
+        """ansible-playbook *name* with *args* on the fleet's inventory (or *inventory*: a
+        test's copy with pairs it added)."""
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_FORCE_COLOR="0", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
         start = time.monotonic()
         proc = subprocess.run(
-            [str(BIN / "ansible-playbook"), "-i", str(self.inventory), "-e", f"@{self.extra_vars}",
+            [str(BIN / "ansible-playbook"), "-i", str(inventory or self.inventory),
+             "-e", f"@{self.extra_vars}",
              str(REPO / "playbooks" / name), *args],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             timeout=PLAYBOOK_TIMEOUT, check=False)
@@ -227,3 +232,24 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         print(f"\ne2e timings: {timings}")
         if os.environ.get("SHARDFLEET_E2E_KEEP") != "1":
             f.playbook("fleet-down.yml")
+
+
+@pytest.fixture(scope="session")
+def s3(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """moto's S3 on the fleet network's gateway address (this machine's side of the
+    bridge), a free port there: backup.yml's --check (tests/e2e/checkmode.py) and the
+    backup test's backups."""
+    net = E2E_VARS["shardfleet_network"]
+    p = subprocess.run(["podman", "network", "inspect", net], capture_output=True, text=True,
+                       check=True)
+    gateways = [s.get("gateway") for n in json.loads(p.stdout)
+                for s in (n.get("subnets") or [])] or _cni_gateways(p.stdout)
+    gateway = next((g for g in gateways if g), None)
+    assert gateway, f"podman network {net} has no gateway: {p.stdout[:2000]}"
+    with moto_s3(gateway, tmp_path_factory.mktemp("moto-e2e"), timeout=60) as server:
+        yield server
+
+
+def _cni_gateways(text: str) -> list[str]:
+    """A CNI network's gateways (podman's inspect of a CNI network shows its conflist)."""
+    return re.findall(r'"gateway":\s*"([\d.]+)"', text)

@@ -2,6 +2,7 @@
 sorts last). A bounded writer on the host, through the routing library, writes to
 pair001's shards and logs every acknowledged ID:
 
+0. healthy: --check of every operation playbook (tests/e2e/checkmode.py) changes nothing;
 1. planned: promote.yml -e pair=pair001; zero acknowledged writes lost, the old master
    read_only and replicating from the new one; the writer's longest stall is measured;
    a rerun naming the new master changes nothing; refusals change nothing;
@@ -27,8 +28,10 @@ from shardfleet import ids
 from shardfleet.mapstore import ZooKeeperMapStore
 from shardfleet.router import Router
 from shardfleet.store import Store
+from tests.integration.s3_fixtures import S3
 from tests.integration.test_promote import Writer, missing_ids
 
+from .checkmode import assert_check_changes_nothing, operations
 from .conftest import E2E_TLS, Fleet, assert_pairs_replicate
 
 pytestmark = pytest.mark.e2e
@@ -156,7 +159,7 @@ def _wait_exporter_shows_finished(fleet: Fleet, kind: str, since: float,
         time.sleep(2)
 
 
-def test_promote_planned_then_emergency(fleet: Fleet) -> None:
+def test_promote_planned_then_emergency(fleet: Fleet, s3: S3) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; see test_site"
     zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
     mapstore = ZooKeeperMapStore(zk, "default")
@@ -172,6 +175,13 @@ def test_promote_planned_then_emergency(fleet: Fleet) -> None:
         old, new = r0.master, r0.standby
         assert new in nodes, f"pair001's range has no standby: {r0.describe()}"
         near = ids.compose(r0.first, 1, 1)
+
+        # -- --check of every operation on the healthy fleet: each exits 0 (the split,
+        # with no empty pair to take a range, is refused) and changes nothing ------------
+        lines, _ = assert_check_changes_nothing(fleet, mapstore, operations(
+            s3=s3, pair=PAIR, split=(PAIR, "pair002"), open_pair="pair002",
+            add_pair="pair009", refused={"split.yml": "is not empty"}), state="healthy", s3=s3)
+        report += lines
 
         # -- refusals: nothing changes --------------------------------------------------
         v0 = mapstore.read().version

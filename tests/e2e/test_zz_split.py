@@ -3,7 +3,10 @@ promotion tests: it changes the map; only test_zzz_promote_faults comes after it
 more containers get the mysql role: pair003, pair004 and pair005.
 
 1. Refusals through split.yml change nothing: a range pair001 does not own, a target
-   pair that is not empty.
+   pair that is not empty. Then a split of pair002's top 8 shards onto pair005 is held
+   after its clone (split_step=clone): --check of every operation playbook
+   (tests/e2e/checkmode.py) exits 0 or refuses as documented and changes nothing; the
+   split is aborted.
 2. The top 256 shards of pair001's range move onto pair003 under a live writer (threads on this host
    using the routing library, logging every acknowledged write): no acknowledged write
    lost, no row nobody acknowledged, nothing accepted by the old master after the flip,
@@ -55,7 +58,10 @@ from shardfleet.shardmap import ShardMap, ShardRange
 from shardfleet.split import PROGRESS
 from shardfleet.store import Store
 from shardfleet.testing.kit import Writer, WriterLog, check_writes
-from tests.e2e.conftest import (
+from tests.integration.s3_fixtures import S3
+
+from .checkmode import assert_check_changes_nothing, operations
+from .conftest import (
     BIN,
     E2E_TLS,
     NET_TO,
@@ -447,7 +453,18 @@ def _check(fleet: Fleet, store: ZooKeeperMapStore, log: WriterLog, shards: list[
             f"{log.longest(set(shards) - moved, since):.3f}s, {len(log.errors)} errors")
 
 
-def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
+def _shard_dbs_of(node: Node) -> list[str]:
+    c = node.connect()
+    try:
+        with c.cursor() as cur:
+            cur.execute("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA "
+                        "WHERE SCHEMA_NAME LIKE 'db%'")
+            return sorted(r[0] for r in cur.fetchall())
+    finally:
+        c.close()
+
+
+def test_split_and_open_range_under_load(fleet: Fleet, s3: S3, tmp_path: Path) -> None:
     assert fleet.runs["site-fresh"].rc == 0, "site.yml failed; nothing to split"
     zk = ",".join(f"{fleet.ip(h)}:2181" for h in fleet.group("zookeeper"))
     store = ZooKeeperMapStore(zk, "default")
@@ -482,6 +499,30 @@ def test_split_and_open_range_under_load(fleet: Fleet, tmp_path: Path) -> None:
         assert store.read().version == v0, "a refused split changed the map"
         assert not store.client.exists(f"{store.root}/default/ops/journal/split-"
                                        f"{p2.first}-{p2.first + 9}")
+
+        # -- 1b. --check of every operation with a split held between its steps ---------
+        # (pair002's top 8 shards onto pair005, its clone done, its journal unfinished):
+        # each exits 0, or refuses as documented (a promotion of the split's pair: an
+        # operation is in flight on its servers), and changes nothing; then the split is
+        # aborted, pair005 empty again (part 4 opens a range on it)
+        held = ["-e", "split_source_pair=pair002", "-e", "split_target_pair=pair005",
+                "-e", json.dumps({"split_range": [p2.last - 7, p2.last]})]
+        rc, out, t_held = _play(fleet, inv, split_pb, *held, "-e", "split_step=clone")
+        assert rc == 0, f"split.yml split_step=clone failed:\n{out[-3000:]}"
+        held_journal = json.loads(store.read_raw(f"{store.root}/default/ops/journal/split-"
+                                                 f"{p2.last - 7}-{p2.last}")[0] or b"{}")
+        assert held_journal.get("step") == "clone", held_journal
+        lines, _ = assert_check_changes_nothing(fleet, store, operations(
+            s3=s3, pair="pair002", split=("pair002", "pair005"),
+            split_range=(p2.last - 7, p2.last), open_pair="pair001", add_pair="pair009",
+            refused={"promote.yml": "another operation is in flight on these servers"}),
+            state="a split held after its clone", s3=s3, inventory=inv,
+            nodes=[f"{ip}:3306" for _, _, ip in NEW.values()])
+        report += [f"split.yml split_step=clone of 8 shards {t_held:.0f}s", *lines]
+        rc, out, _ = _play(fleet, inv, split_pb, *held, "-e", "split_step=abort")
+        assert rc == 0, f"split.yml split_step=abort failed:\n{out[-3000:]}"
+        assert store.read().version == v0, "the held split's abort left the map changed"
+        assert not _shard_dbs_of(stray), "the aborted split left shard databases on pair005"
 
         # -- 2. pair001 -> pair003 under a writer -----------------------------------
         src_nodes, tgt = _pair_nodes(fleet, "pair001"), _pair_nodes(fleet, "pair003")

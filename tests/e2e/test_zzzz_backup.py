@@ -18,13 +18,10 @@ through the control node). On a pair the map gives a standby:
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,35 +33,15 @@ from shardfleet.router import Router
 from shardfleet.shardmap import ShardRange
 from shardfleet.store import Store
 from shardfleet.testing.kit import Writer
-from tests.integration.s3_fixtures import KEYS, S3, moto_s3
+from tests.integration.s3_fixtures import KEYS, S3
 
-from .conftest import E2E_TLS, E2E_VARS, PREFIX_TO, REPO, Fleet
+from .conftest import E2E_TLS, PREFIX_TO, REPO, Fleet
 from .test_zz_promote import _admin, _check_acked, _one
 from .test_zz_split import _play as _play_on
 from .test_zzz_promote_faults import _read_only, _zk
 
 pytestmark = pytest.mark.e2e
 FRESH_PAIR = "pair006"  # after the split test's pair003-pair005
-
-
-@pytest.fixture(scope="module")
-def s3(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
-    """moto's S3 on the fleet network's gateway address (this machine's side of the
-    bridge), a free port there."""
-    net = E2E_VARS["shardfleet_network"]
-    p = subprocess.run(["podman", "network", "inspect", net], capture_output=True, text=True,
-                       check=True)
-    gateways = [s.get("gateway") for n in json.loads(p.stdout)
-                for s in (n.get("subnets") or [])] or _cni_gateways(p.stdout)
-    gateway = next((g for g in gateways if g), None)
-    assert gateway, f"podman network {net} has no gateway: {p.stdout[:2000]}"
-    with moto_s3(gateway, tmp_path_factory.mktemp("moto-e2e"), timeout=60) as server:
-        yield server
-
-
-def _cni_gateways(text: str) -> list[str]:
-    """A CNI network's gateways (podman's inspect of a CNI network shows its conflist)."""
-    return re.findall(r'"gateway":\s*"([\d.]+)"', text)
 
 
 def _checksums(fleet: Fleet, server: str, shards: list[int]) -> dict[str, int]:
