@@ -114,3 +114,23 @@ def test_every_journal_carries_the_header_the_registry_reads(stores):
     assert [op.name for op in ops.in_flight(a)] == ["thing-1"]
     j.step("end")
     assert ops.in_flight(a) == []
+
+
+def test_a_journal_step_written_beside_another_writer_keeps_both(stores):
+    """The one compare-and-set write with retry: a step recorded after another writer (a
+    physical copy's watch, which takes no lock) wrote the journal loads it again and
+    records the step on top of what that writer wrote, under the run's fence."""
+    a, b = stores
+    run = Runner(a, "test-op", [A, B], kind="test")
+    journal = ops.Journal(a, "test-op")
+    with run.held():
+        journal.step("one")
+        watch = ops.Journal(b, "test-op")
+        watch.load()
+        watch.save({**watch.data, "clone_progress": {"phase": "copying"}})
+        journal.step("two", at_two=True)
+        journal.note(cutover_phase="freezing")
+    got = ops.Journal(b, "test-op").load()
+    assert [s["step"] for s in got["steps"]] == ["one", "two"], got
+    assert got["clone_progress"] == {"phase": "copying"} and got["at_two"], got
+    assert got["cutover_phase"] == "freezing" and got["kind"] == "test", got

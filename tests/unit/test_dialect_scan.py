@@ -1,10 +1,7 @@
 """One source of truth for the SQL dialect: replication and server-state statements are
 written in :mod:`shardfleet.topology` and :mod:`shardfleet.replication` only; the
 operations chain those primitives. This scan reads the operation modules' string
-literals (docstrings aside) and fails on a replication or dialect statement.
-
-``LEGACY`` is a ratchet for the modules not moved yet: their count may only go down
-(lower it when you move one; a module reaching 0 leaves the table)."""
+literals (docstrings aside) and fails on a replication or dialect statement."""
 
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ DIALECT = re.compile(
     r"\b(SLAVES?|MASTER|REPLICA|gtid_\w+|read_only|rpl_semi_sync\w*|sql_log_bin|"
     r"BINARY\s+LOGS|BINLOG|CONSISTENT\s+SNAPSHOT)\b", re.I)
 
-OPERATIONS = [*(m for m in ("promote.py",) if (SRC / m).exists()),
+OPERATIONS = [*(m for m in ("backup.py", "ops.py", "promote.py", "split.py") if (SRC / m).exists()),
               *sorted(p.relative_to(SRC).as_posix() for p in (SRC / "operations").rglob("*.py"))]
-LEGACY = {"split.py": 23, "backup.py": 11}
 
 
 def dialect_literals(path: Path) -> list[str]:
@@ -57,14 +53,3 @@ def test_operations_write_no_dialect_sql(module):
     found = dialect_literals(SRC / module)
     assert not found, (f"{module} writes replication/dialect SQL itself; move it to "
                        f"topology/replication and call that: {found}")
-
-
-@pytest.mark.parametrize("module", sorted(LEGACY))
-def test_modules_not_moved_yet_only_lose_dialect_sql(module):
-    path = SRC / module
-    if not path.exists():
-        return  # moved into operations/: the test above covers it
-    found = dialect_literals(path)
-    assert len(found) <= LEGACY[module], (
-        f"{module} has {len(found)} dialect statements, the ratchet allows "
-        f"{LEGACY[module]}: add none (topology/replication hold them): {found}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +97,12 @@ class Fence:
 _FENCED: dict[tuple[int, str], Runner] = {}
 
 
+def stepped(data: dict[str, Any], name: str, **fields: Any) -> dict[str, Any]:
+    """*data* with step *name* done (its *fields* set, appended to ``steps``)."""
+    steps = [*data.get("steps", []), {"step": name, "at": time.time(), **fields}]
+    return {**data, **fields, "step": name, "steps": steps}
+
+
 class Journal:
     """A versioned JSON document at ``ops/journal/<name>``.
 
@@ -136,14 +142,31 @@ class Journal:
             raise LockLost(f"{self.name} lost its locks: {exc}") from None
         self.data = data
 
+    def write(self, change: Callable[[dict[str, Any]], dict[str, Any]],
+              attempts: int = 5) -> dict[str, Any]:
+        """The one compare-and-set write with retry: save ``change(data)``; when another
+        writer wrote since :meth:`load` (MapConflictError), load again and apply *change*
+        to what it wrote. Under a run's locks the one other writer is a physical copy's
+        watch (it takes no lock, and a killed run's watch outlives its playbook)."""
+        for attempt in range(attempts):
+            try:
+                data = change(dict(self.data or {}))
+                self.save(data)
+                return self.data or data
+            except MapConflictError:
+                if attempt == attempts - 1:
+                    raise
+                self.load()
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    def note(self, **fields: Any) -> dict[str, Any]:
+        """Set *fields* without recording a step."""
+        return self.write(lambda data: {**data, **fields})
+
     def step(self, name: str, **fields: Any) -> dict[str, Any]:
         """Record that step *name* is done (with *fields*), appending to ``steps``."""
-        data = dict(self.data or {})
-        steps = list(data.get("steps", []))
-        steps.append({"step": name, "at": time.time(), **fields})
-        data.update(fields, step=name, steps=steps)
-        self.save(data)
-        return data
+        return self.write(lambda data: stepped(data, name, **fields))
 
     def delete(self) -> None:
         if self.version != NO_NODE:

@@ -460,7 +460,7 @@ class _Rebuild:
                 res.warnings.append(f"{who}: replication IO {ch.get('Slave_IO_Running')} "
                                     f"SQL {ch.get('Slave_SQL_Running')} "
                                     f"{ch.get('Last_Error') or ch.get('Last_IO_Error')}")
-        run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time()))
+        run.journal.note(done=True, finished_at=time.time())
         after = self.after or run.store.read().map
         res.map_after = after.table() if after else ""
         res.changes = shardmap.diff(before, after) if after else []

@@ -186,7 +186,7 @@ def _journaled(run: _Restore, name: str,
             raise
         except RestoreFailed as exc:
             if run.journal is not None:
-                run.journal.save(dict(run.journal.data or {}, error=str(exc)[:500]))
+                run.journal.note(error=str(exc)[:500])
             raise
         if run.journal is not None:
             run.journal.step(name)

@@ -45,6 +45,7 @@ from shardfleet.operations.journal import (
     operations,
     refuse_if_busy,
     server_lock_name,
+    stepped,
 )
 from shardfleet.operations.types import OperationFailed, OperationRefused, Result, describe
 
@@ -391,4 +392,4 @@ def never() -> bool:
 __all__ = ["ERRORS", "Fence", "InFlight", "Journal", "LockBusy", "LockLost", "MapConflictError",
            "OperationInFlight", "Run", "Runner", "Step", "StepResult", "in_flight",
            "journal_base", "journals", "never", "operations", "pair_lock", "refuse_if_busy",
-           "refuse_if_locked", "server_lock_name", "servers_lock", "unexpected"]
+           "refuse_if_locked", "server_lock_name", "servers_lock", "stepped", "unexpected"]

@@ -101,9 +101,8 @@ def _promote(run: PromotionRun, mode: str, master: str | None, expect_master: st
             f"~ {r.describe()} -> master={p.new} standby={p.old}" for r in p.ranges]
         res.changed = True
         if not run.check:
-            run.journal.save(dict(run.journal.data or {}, done=True, finished_at=time.time(),
-                                  timings=res.timings, warnings=res.warnings,
-                                  errant=res.errant))
+            run.journal.note(done=True, finished_at=time.time(), timings=res.timings,
+                             warnings=res.warnings, errant=res.errant)
     res.next_step = _next_step(res)
     return res
 

@@ -91,8 +91,7 @@ def _resume_cmd(pair: str, master: str) -> str:
 def _record_failure(run: PromotionRun, exc: BaseException) -> None:
     """Note the failure in the (unfinished) journal; best effort, ZooKeeper may be the cause."""
     try:
-        run.journal.save(dict(run.journal.data or {}, failed=describe(exc),
-                              failed_at=time.time()))
+        run.journal.note(failed=describe(exc), failed_at=time.time())
     except (ShardfleetError, KazooException, OSError):
         log.warning("promote %s: could not record the failure in %s", run.pair,
                     run.journal.path, exc_info=True)

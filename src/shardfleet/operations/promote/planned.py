@@ -222,7 +222,7 @@ def _planned_rollback(run: PromotionRun, old: str, new: str, bounds: set[tuple[i
         replication.set_read_only(conn, False)
         write_map(run.store, lambda m: _unfreeze(m, bounds, run.pair))
         run.step("rolled_back", error=what)
-        run.journal.save(dict(run.journal.data or {}, done=True, failed=what))
+        run.journal.note(done=True, failed=what)
     except ERRORS as again:
         return _rollback_failed(run, old, new, what, again)
     finally:

@@ -3,7 +3,6 @@ every step module chains (the step modules are mixins over it; :class:`Split` jo
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -11,9 +10,9 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Self
 
 from shardfleet import provision, topology
-from shardfleet.errors import DatabaseError, MapConflictError, MapError
+from shardfleet.errors import DatabaseError, MapError
 from shardfleet.mapstore import Updated, ZooKeeperMapStore, update
-from shardfleet.operations.runner import Journal, Step, StepResult
+from shardfleet.operations.runner import Journal, Step, StepResult, journals, stepped
 from shardfleet.operations.types import Credentials
 from shardfleet.schema import Schema, default_schema, shard_database
 from shardfleet.shardmap import ShardMap, ShardRange, freeze_owner
@@ -244,61 +243,33 @@ class SplitContext:
     def _journaled_moving(self) -> tuple[int, int] | None:
         """The moving range of the newest split journal between this source and target that
         was not aborted (so a rerun without a range continues, or reports, that split)."""
-        base = f"{self.store.root}/{self.store.cluster}/ops/journal"
-        names = self.store.children(base)
-        if not names:
-            return None
-        found: list[tuple[float, tuple[int, int]]] = []
-        for n in names:
-            if not n.startswith("split"):
-                continue
-            raw, _ = self.store.read_raw(f"{base}/{n}")
-            d = json.loads(raw) if raw else {}
-            if (d.get("source"), d.get("target")) == (self.spec.source, self.spec.target) \
-                    and d.get("step") != "aborted" and d.get("moving"):
-                found.append((float(d.get("updated_at", 0)),
-                              (int(d["moving"][0]), int(d["moving"][1]))))
+        found = [(float(d.get("updated_at", 0)), (int(d["moving"][0]), int(d["moving"][1])))
+                 for n, d in journals(self.store).items()
+                 if n.startswith("split") and d.get("step") != "aborted" and d.get("moving")
+                 and (d.get("source"), d.get("target")) == (self.spec.source, self.spec.target)]
         return max(found)[1] if found else None
 
     # -- journal -------------------------------------------------------------
     def _record(self, step: str, **fields: Any) -> dict[str, Any]:
+        """Record *step* done in the journal (a new one after an abort)."""
         assert self.journal is not None and self.original is not None
+        original = self.original
 
-        def write() -> dict[str, Any]:
-            assert self.journal is not None and self.original is not None
-            if self.journal.data is None or self.journal.data.get("step") == "aborted":
-                base = {"kind": "split", "name": self.name, "source": self.spec.source,
+        def change(data: dict[str, Any]) -> dict[str, Any]:
+            if not data or data.get("step") == "aborted":
+                data = {"kind": "split", "name": self.name, "source": self.spec.source,
                         "target": self.spec.target, "target_standby": self.spec.target_standby,
-                        "moving": list(self.moving), "original": self.original.to_dict(),
+                        "moving": list(self.moving), "original": original.to_dict(),
                         "connection": self.connection_name, "started_at": time.time(),
                         "state": "running", "steps": []}
-                self.journal.data = base
-            return self.journal.step(step, **fields)
+            return stepped(data, step, **fields)
 
-        return self._journal_write(write)
+        return self.journal.write(change)
 
     def _note(self, **fields: Any) -> None:
         """Update journal fields without recording a step."""
         assert self.journal is not None and self.journal.data is not None
-        self._journal_write(lambda: self.journal.save(  # type: ignore[union-attr]
-            {**(self.journal.data or {}), **fields}))  # type: ignore[union-attr]
-
-    def _journal_write(self, write: Callable[[], Any], attempts: int = 5) -> Any:
-        """*write()* the journal (a version-checked save); on a conflict, load it again and
-        write again. Under the split's locks the one other writer is a physical copy's
-        watch (:meth:`watch_copy`), which takes no lock and writes ``clone_progress``
-        only: the module of a killed run's watch outlives its playbook (e2e: the rerun's
-        first write failed "is at version 23, expected 22")."""
-        assert self.journal is not None
-        for attempt in range(attempts):
-            try:
-                return write()
-            except MapConflictError:
-                if attempt == attempts - 1:
-                    raise
-                self.journal.load()
-                time.sleep(0.05)
-        return None
+        self.journal.note(**fields)
 
     # -- the map -------------------------------------------------------------
     # Every map change is one edit of the map-change vocabulary (shardmap: freeze, thaw,
