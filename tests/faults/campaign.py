@@ -309,6 +309,44 @@ class Faults:
 NEEDS_RUNNING = ("kill", "lost_reply", "second_op", "session_expiry")
 
 
+def expire_op_session(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene) -> None:
+    """The ``session_expiry`` fault: the running operation's ZooKeeper session ended."""
+    if proc.session is None:
+        run.problems.append(f"the operation's process named no ZooKeeper session: "
+                            f"{proc.lines[-5:]}")
+        return
+    sid = f"{proc.session[0]:#x}"
+    sent = round(time.monotonic() - run.schedule.t0, 3)  # the note's time is the end
+    try:
+        expire_session(scene.zk, proc.session)
+        run.schedule.note("ZooKeeper session expired", at=plan["at"], session=sid,
+                          since=sent, op_running=proc.running)
+    except SessionGone as exc:
+        # the process closed its session: it was ending (its result says how)
+        run.schedule.note("the operation's session was already closed", at=plan["at"],
+                          session=sid, error=oneline(exc), op_running=proc.running)
+    except Exception as exc:  # noqa: BLE001 - the trick failed, or its client did
+        # on a loaded machine the trick's client can time out after the server moved
+        # the session to it (seeds 182299, 182303: KazooTimeoutError, and the operation
+        # then lost its locks): once more, and "gone" now means it did end
+        try:
+            expire_session(scene.zk, proc.session)
+            run.schedule.note("ZooKeeper session expired (second try)", at=plan["at"],
+                              session=sid, first_error=oneline(exc),
+                              op_running=proc.running)
+        except SessionGone:
+            run.schedule.note("ZooKeeper session ended (the first try's client timed "
+                              "out after taking it over)", at=plan["at"], session=sid,
+                              first_error=oneline(exc), op_running=proc.running)
+        except Exception as again:  # noqa: BLE001 - the trick failed twice
+            run.schedule.note("ZooKeeper session not expired", at=plan["at"],
+                              session=sid, error=oneline(again),
+                              first_error=oneline(exc), op_running=proc.running)
+            if proc.running:
+                run.problems.append(f"could not expire the running operation's session "
+                                    f"{sid}: {oneline(again)}")
+
+
 def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
            f: Faults) -> None:
     """Wait for the operation's process to be ready, then *plan['at']* seconds, then the
@@ -330,26 +368,7 @@ def inject(run: Run, proc: OpProcess, plan: dict[str, Any], scene: Scene,
     if fault == "kill":
         run.schedule.note("SIGKILL", at=plan["at"], killed=proc.kill())
     elif fault == "session_expiry":
-        if proc.session is None:
-            run.problems.append(f"the operation's process named no ZooKeeper session: "
-                                f"{proc.lines[-5:]}")
-            return
-        sid = f"{proc.session[0]:#x}"
-        sent = round(time.monotonic() - run.schedule.t0, 3)  # the note's time is the end
-        try:
-            expire_session(scene.zk, proc.session)
-            run.schedule.note("ZooKeeper session expired", at=plan["at"], session=sid,
-                              since=sent, op_running=proc.running)
-        except SessionGone as exc:
-            # the process closed its session: it was ending (its result says how)
-            run.schedule.note("the operation's session was already closed", at=plan["at"],
-                              session=sid, error=oneline(exc), op_running=proc.running)
-        except Exception as exc:  # noqa: BLE001 - the trick failed
-            run.schedule.note("ZooKeeper session not expired", at=plan["at"], session=sid,
-                              error=oneline(exc), op_running=proc.running)
-            if proc.running:
-                run.problems.append(f"could not expire the running operation's session "
-                                    f"{sid}: {oneline(exc)}")
+        expire_op_session(run, proc, plan, scene)
     elif fault == "lost_reply":
         assert f.zk_proxy is not None
         f.zk_proxy.lose_reply_to_next(min_bytes=plan["min_bytes"],
