@@ -60,6 +60,8 @@ FORMAT = 2                        # 2: the manifest says what it was taken from 
 SSE = "AES256"
 READ = 1 * MiB                   # bytes read from a pipe at a time
 BACKUP_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+# what a restore reads from a manifest: one without them is no backup it can restore
+RESTORED_FIELDS = ("backup_id", "object", "bytes", "sha256", "position", "checksums")
 # Files mariadb-backup 10.11 copies only under BACKUP STAGE BLOCK_COMMIT (the log and
 # statistics tables, the Aria log, the binlog info): the first of them in the stream says
 # the node commits nothing until the backup ends (measured: about a second on a small
@@ -340,6 +342,18 @@ def list_backups(s3: Any, loc: Location) -> list[dict[str, Any]]:
             out.append(read_manifest(s3, loc, bid))
     return out
 
+
+
+def restorable(manifest: dict[str, Any]) -> dict[str, Any]:
+    """*manifest*, when it holds what a restore reads; :class:`RestoreRefused` (nothing
+    changed yet) when it does not."""
+    missing = [f for f in RESTORED_FIELDS if f not in manifest]
+    if missing:
+        raise RestoreRefused(
+            f"the manifest of backup {manifest.get('backup_id', '?')} lacks "
+            f"{', '.join(missing)}: not a backup this version can restore; nothing was "
+            "changed (restore another backup: backup_id=...)")
+    return manifest
 
 
 def latest(s3: Any, loc: Location) -> dict[str, Any]:

@@ -961,3 +961,25 @@ def test_a_killed_backups_journal_does_not_block_a_rebuild(pair, zk_store, s3, l
             pass
     finally:
         take(s3, loc, standby, store=zk_store)  # finishes the journal for the next test
+
+
+def test_a_restore_of_a_manifest_missing_fields_is_refused_before_it_starts(
+        pair, zk_store, s3, loc, fresh):
+    """A manifest without what a restore reads (hand-written, another version's, a
+    mutated one) is refused before the journal starts: no KeyError half-way, nothing in
+    flight, the target untouched."""
+    from shardfleet.operations.runner import in_flight
+
+    master, standby = roles(pair)
+    m = take(s3, loc, standby)
+    key = loc.key(m["backup_id"], "manifest.json")
+    body = json.loads(s3.get_object(Bucket=loc.bucket, Key=key)["Body"].read())
+    del body["checksums"]
+    s3.put_object(Bucket=loc.bucket, Key=key, Body=json.dumps(body).encode())
+    marker(fresh)
+    with pytest.raises(RestoreRefused, match=r"manifest.*checksums.*nothing was changed"):
+        backup.restore(s3, loc, datadir=str(fresh.datadir), stop=fresh.stop,
+                       start=fresh.start, connect=fresh.connect, store=zk_store,
+                       node=fresh.address)
+    assert fresh.running and fresh.sql("SHOW DATABASES LIKE 'sf_marker'")
+    assert in_flight(zk_store) == [] and _journals_of(zk_store, "restore") == []

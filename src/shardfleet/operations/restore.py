@@ -48,6 +48,7 @@ from shardfleet.storage import (
     RestoreRefused,
     latest,
     read_manifest,
+    restorable,
 )
 
 # the journal's steps after which a restore is no longer in flight
@@ -150,7 +151,7 @@ def refuse_beside(store: Any, node: str) -> None:
 def _begin(s3: Any, loc: Location, backup_id: str | None, allow_master: bool,
            args: dict[str, Any]) -> _Restore:
     """The manifest to restore, after the refusal of a writable target."""
-    manifest = read_manifest(s3, loc, backup_id) if backup_id else latest(s3, loc)
+    manifest = restorable(read_manifest(s3, loc, backup_id) if backup_id else latest(s3, loc))
     if not allow_master:
         _refuse_writable(args["connect"], args["datadir"])
     return _Restore(s3, loc, manifest, t0=time.monotonic(), **args)
