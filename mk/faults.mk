@@ -1,14 +1,16 @@
-# The seeded fault campaign (tests/faults, issue 12; docs/faults.md): planned and emergency
-# promotions, splits and open-ranges on host processes (MariaDB, a 3-node ZooKeeper
-# ensemble on 127.0.0.1) under the kit's writer, one fault per run at a seeded instant,
-# the documented recovery, then the checker. Runs after `integration` in `make test`.
-#   make faults                     200 runs (shared among the operations)
-#   make faults SEED=1234           replay one run of each operation from its seed
+# The seeded fault campaign (tests/faults, issue 12; docs/faults.md): six families on host
+# processes (MariaDB, a 3-node ZooKeeper ensemble on 127.0.0.1, moto's S3) under the kit's
+# writer: planned and emergency promotions, splits, open-ranges, and a backup and a restore
+# beside a rebuild of the standby (backup_rebuild) or a split onto the pair (backup_split);
+# one fault per run at a seeded instant, the documented recovery, then the checker. Runs
+# after `integration` in `make test`.
+#   make faults                     200 runs (shared among the families)
+#   make faults SEED=1234           replay one run of each family from its seed
 #   make faults FAULTS_WORKERS=1    one pytest process (the runs one after another)
-#   make faults SEED=1234 K=split   ... of the split only (a pytest -k filter)
+#   make faults SEED=1234 K=split   ... of test_split.py only: split, backup_split (pytest -k)
 #   make faults SEED=1000 RUNS=2000 a long campaign from seed 1000
 # A failing run prints its seed and schedule and leaves them, the writer's history and the
-# servers' logs in $(FAULTS_DIR)/<operation>-seed<seed>.
+# servers' logs in $(FAULTS_DIR)/<family>-seed<seed>.
 .PHONY: faults
 TEST_TIERS += faults
 
