@@ -449,12 +449,19 @@ class Router:
         (:meth:`Pool.end_in_flight`), after *new* is the map held: a connection handed
         out later is seen by its caller's look at the map. On a hung master (a stopped
         process, a hung disk) a statement already sent would otherwise wait out the
-        read timeout while the promoted master takes the writes."""
+        read timeout while the promoted master takes the writes.
+
+        Only a server *new* marks for rebuild (an emergency's flip: it may be hung): a
+        split's or a planned promotion's flip moves a live master its operation fenced,
+        which refuses a statement still in flight there (the caller reroutes it, never
+        executed twice); ending it would report a write that never ran as "may have
+        happened"."""
         if not self._pools:
             return
+        abandoned = {str(r.extra.get("rebuild")) for r in new.ranges if r.extra.get("rebuild")}
         for server, moved in masters_moved(old, new).items():
             pool = self._pools.get(server)
-            if pool is None:
+            if pool is None or server not in abandoned:
                 continue
             ended, closed = pool.end_in_flight(moved)
             self.stats.ended_in_flight += ended

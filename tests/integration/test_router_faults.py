@@ -48,12 +48,14 @@ def wait_until(pred: Any, timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
-def set_master(zk: ZooKeeperMapStore, master: str) -> None:
-    """Point the range [0, 15] at *master* (what a promotion's flip does to the map)."""
+def set_master(zk: ZooKeeperMapStore, master: str, *, rebuild: str | None = None) -> None:
+    """Point the range [0, 15] at *master* (what a promotion's flip does to the map);
+    *rebuild*: the old master an emergency's flip marks for rebuild."""
     v = zk.read()
     old = v.map.range_for(SHARD)
-    zk.write(v.map.replace_range(old, ShardRange(old.first, old.last, master, None, "open")),
-             v.version)
+    extra = {"rebuild": rebuild} if rebuild else {}
+    zk.write(v.map.replace_range(old, ShardRange(old.first, old.last, master, rebuild, "open",
+                                                 extra=extra)), v.version)
 
 
 def rows_tagged(server: Any, tag: str) -> int:
@@ -380,12 +382,14 @@ def _sees(store: Store, master: str) -> None:
 
 def across_the_flip(zk_map: Any, live: Any, what: str, fn: Callable[[], Any]) -> Call:
     """*fn* (a *what*) sent to the hung master; once it waits for the answer the map names
-    *live* master; it must end within BOUND of that flip, not the read timeout."""
+    *live* master and marks the hung one for rebuild, as an emergency promotion's flip
+    does; it must end within BOUND of that flip, not the read timeout."""
     c = Call(fn)
     wait_until(lambda: blocked_reading(c.thread) or c.done.is_set(), 10,
                f"the {what} to be sent to the hung master")
     assert not c.done.is_set(), f"{what} ended before the flip: {c.error!r}"
-    set_master(zk_map, live.address)
+    hung = zk_map.read().map.range_for(SHARD).master
+    set_master(zk_map, live.address, rebuild=hung)  # the emergency's flip
     flipped = time.monotonic()
     c.done.wait(TIMEOUT + 5)
     took = c.ended_at - flipped

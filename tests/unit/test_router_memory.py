@@ -261,7 +261,8 @@ def test_a_map_moving_a_master_off_a_shard_ends_its_statements_in_flight_there()
         time.sleep(0.05)
         assert not any(b.ended.is_set() for b in (lost, kept, unknown)), [
             b.error for b in (lost, kept, unknown)]
-        moved = m.replace_range(m.range_for(0), m.range_for(0).__class__(0, 15, "b:1"))
+        moved = m.replace_range(m.range_for(0), m.range_for(0).__class__(
+            0, 15, "b:1", "a:1", extra={"rebuild": "a:1"}))  # an emergency's flip
         t0 = time.monotonic()
         store.write(moved, store.read().version)
         for b in (lost, unknown):
@@ -281,6 +282,31 @@ def test_a_map_moving_a_master_off_a_shard_ends_its_statements_in_flight_there()
     finally:
         for b in (lost, kept, unknown, idle):
             b.close()
+        r.close()
+
+
+def test_a_planned_move_leaves_statements_in_flight_on_the_old_master_alone():
+    """A split's or a planned promotion's flip moves a live, fenced master off shards: a
+    statement in flight there is refused by the fence (and rerouted, never executed
+    twice), so the router does not end it as "may have happened". Only a flip that marks
+    the old master for rebuild (an emergency: it may be hung) ends them."""
+    m = ShardMap.from_ranges([{"range": [0, 15], "master": "a:1", "standby": "b:1"}])
+    store = MemoryMapStore(m)
+    r = Router(store)
+    pool = r.pool("a:1")
+    split = _Blocked()
+    try:
+        pool.put(split.conn)
+        assert r.acquire("a:1", 3) is split.conn
+        split.read()
+        r0 = m.range_for(0)
+        store.write(m.replace_range(r0, r0.__class__(0, 15, "b:1", "a:1")),
+                    store.read().version)
+        assert r.wait_for(lambda mm: mm.range_for(3).master == "b:1", 2)
+        assert not split.ended.wait(0.3), f"a planned move ended a statement: {split.error!r}"
+        assert r.stats.ended_in_flight == 0
+    finally:
+        split.close()
         r.close()
 
 
