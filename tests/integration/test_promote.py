@@ -199,6 +199,8 @@ def test_planned_check_mode_changes_nothing(pair, zk_store):
     res = promote.promote(zk_store, PAIR, nodes(pair), mode="planned", opts=opts(), check=True)
     assert res.changed and res.new_master == standby.address
     assert any("would" in s for s in res.steps), res.steps
+    # its NEXT line speaks of the promotion it would do, not of one done
+    assert res.next_step.startswith("check mode changed nothing"), res.next_step
     after = zk_store.read()
     assert after.version == before.version and after.map == before.map, "check mode wrote"
     assert roles(pair) == (master, standby), "check mode changed read_only"

@@ -103,11 +103,14 @@ def _promote(run: PromotionRun, mode: str, master: str | None, expect_master: st
         if not run.check:
             run.journal.note(done=True, finished_at=time.time(), timings=res.timings,
                              warnings=res.warnings, errant=res.errant)
-    res.next_step = _next_step(res)
+    res.next_step = _next_step(res, check=run.check)
     return res
 
 
-def _next_step(res: Result) -> str:
+def _next_step(res: Result, *, check: bool = False) -> str:
+    if check:
+        return (f"check mode changed nothing: the same command without --check would make "
+                f"{res.new_master} the master of {res.pair} ({res.mode})")
     if res.mode == "emergency":
         return (f"{res.old_master} must not serve again as it is: start it (it boots "
                 f"read_only), then rebuild it as the standby: ansible-playbook "
