@@ -47,9 +47,7 @@ from shardfleet import physical, replication, topology
 from shardfleet.errors import ShardfleetError
 from shardfleet.operations.runner import (
     Journal,
-    LockBusy,
     LockLost,
-    OperationInFlight,
     Runner,
     Step,
     StepResult,
@@ -327,23 +325,22 @@ def backup(s3: Any, loc: Location, argv: list[str], *, connect: Callable[[], Any
         return _run(run, connect, None)
     runner = Runner(store, journal_name(node), [node], kind="backup", finished_by=FINISHED,
                     lock_timeout=lock_timeout)
-    try:
-        with runner.held():
-            run.journal = Journal(store, runner.name)
-            run.journal.load()
-            return _run(run, connect, runner)
-    except (LockBusy, OperationInFlight) as exc:
-        raise BackupRefused(f"backup of {node} refused: {exc} (nothing uploaded)") from None
+    with runner.refusing(_refusal(node)):
+        run.journal = Journal(store, runner.name)
+        run.journal.load()
+        return _run(run, connect, runner)
+
+
+def _refusal(node: str) -> Callable[[str], BackupRefused]:
+    return lambda why: BackupRefused(f"backup of {node} refused: {why} (nothing uploaded)")
 
 
 def refuse_beside(store: Any, node: str) -> None:
     """Check mode's refusal: :class:`BackupRefused` when another operation holds *node*'s
     lock or an unfinished one touches it (takes no lock, changes nothing)."""
-    try:
-        with Runner(store, journal_name(node), [node], kind="backup").held(check=True):
-            pass
-    except (LockBusy, OperationInFlight) as exc:
-        raise BackupRefused(f"backup of {node} refused: {exc} (nothing uploaded)") from None
+    with Runner(store, journal_name(node), [node], kind="backup").refusing(
+            _refusal(node), check=True):
+        pass
 
 
 def _run(run: _Backup, connect: Callable[[], Any], runner: Runner | None) -> dict[str, Any]:

@@ -35,8 +35,6 @@ from typing import Any
 from shardfleet import physical, replication, topology
 from shardfleet.operations.runner import (
     Journal,
-    LockBusy,
-    OperationInFlight,
     Runner,
     Step,
     StepResult,
@@ -126,26 +124,25 @@ def restore(s3: Any, loc: Location, *, datadir: str, stop: Callable[[], Any],
                              "nothing was changed")
     runner = Runner(store, journal_name(node), [node], kind="restore", finished_by=FINISHED,
                     lock_timeout=lock_timeout)
-    try:
-        with runner.held():
-            run = _begin(s3, loc, backup_id, allow_master, args)
-            run.journal = Journal(store, runner.name)
-            run.journal.load()
-            run.journal.save({"step": "start", "node": node, "backup_id": run.bid,
-                              "datadir": datadir, "steps": []})
-            return _run(run, runner)
-    except (LockBusy, OperationInFlight) as exc:
-        raise RestoreRefused(f"{exc} (restore onto {node}: nothing was changed)") from None
+    with runner.refusing(_refusal(node)):
+        run = _begin(s3, loc, backup_id, allow_master, args)
+        run.journal = Journal(store, runner.name)
+        run.journal.load()
+        run.journal.save({"step": "start", "node": node, "backup_id": run.bid,
+                          "datadir": datadir, "steps": []})
+        return _run(run, runner)
+
+
+def _refusal(node: str) -> Callable[[str], RestoreRefused]:
+    return lambda why: RestoreRefused(f"{why} (restore onto {node}: nothing was changed)")
 
 
 def refuse_beside(store: Any, node: str) -> None:
     """Check mode's refusal: :class:`RestoreRefused` when another operation holds *node*'s
     lock or an unfinished one touches it (takes no lock, changes nothing)."""
-    try:
-        with Runner(store, journal_name(node), [node], kind="restore").held(check=True):
-            pass
-    except (LockBusy, OperationInFlight) as exc:
-        raise RestoreRefused(f"{exc} (restore onto {node}: nothing was changed)") from None
+    with Runner(store, journal_name(node), [node], kind="restore").refusing(
+            _refusal(node), check=True):
+        pass
 
 
 def _begin(s3: Any, loc: Location, backup_id: str | None, allow_master: bool,

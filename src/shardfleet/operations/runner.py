@@ -209,6 +209,17 @@ class Runner:
             with self._fenced():
                 yield
 
+    @contextmanager
+    def refusing(self, refusal: Callable[[str], Exception], *,
+                 check: bool = False) -> Iterator[None]:
+        """:meth:`held`, with LockBusy and OperationInFlight (nothing changed) raised as
+        the operation's own *refusal* of their message."""
+        try:
+            with self.held(check=check):
+                yield
+        except (LockBusy, OperationInFlight) as exc:
+            raise refusal(str(exc)) from None
+
     def run(self, steps: Sequence[Step], *, check: bool = False) -> list[StepResult]:
         """Each step in order: skipped when done, described in *check* mode, else run.
         Call it inside :meth:`held` (check mode takes no lock: it changes nothing)."""
@@ -349,15 +360,12 @@ class Run:
         LockBusy and OperationInFlight are refusals: nothing changed."""
         runner = Runner(self.store, self.name, self.nodes, lock_timeout=lock_timeout,
                         identifier=self.name, kind=self.kind())
-        try:
-            with runner.held(check=self.check):
-                self.runner = runner
-                try:
-                    yield runner
-                finally:
-                    self.runner = None
-        except (LockBusy, OperationInFlight) as exc:
-            raise self.refusal(str(exc)) from None
+        with runner.refusing(self.refusal, check=self.check):
+            self.runner = runner
+            try:
+                yield runner
+            finally:
+                self.runner = None
 
     @contextmanager
     def boundary(self) -> Iterator[None]:
