@@ -29,30 +29,35 @@ def operation_of(module: str) -> str | None:
     return None if first in SHARED or not first else first
 
 
+# the earlier import paths of operations (re-exports): importing one is importing it
+SHIMS = {"shardfleet.split": "split", "shardfleet.promote": "promote",
+         "shardfleet.backup": "backup"}
+
+
+def _modules(node: ast.AST, pkg: list[str]) -> list[str]:
+    """The dotted modules an import names (``from X import a``: X and X.a, since *a* may
+    be a submodule), relative ones made absolute from the package *pkg*."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    module = node.module or ""
+    if node.level:
+        base = ["shardfleet", "operations", *pkg[:len(pkg) - node.level + 1]]
+        module = ".".join([*base, *([module] if module else [])])
+    return [module, *(f"{module}.{a.name}" for a in node.names)]
+
+
 def imported_operations(path: Path, root: Path = OPS) -> set[str]:
-    """The operations *path* imports (absolute ``shardfleet.operations.X`` or relative)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    here = path.relative_to(root).with_suffix("").parts
-    pkg = list(here[:-1]) if here[-1] != "__init__" else list(here[:-1])
+    """The operations *path* imports (absolute ``shardfleet.operations.X``, relative, or
+    through an earlier import path)."""
+    pkg = list(path.relative_to(root).with_suffix("").parts[:-1])
     out: set[str] = set()
-    for node in ast.walk(tree):
-        mods: list[str] = []
-        if isinstance(node, ast.Import):
-            mods = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg[:len(pkg) - (node.level - 1)] if node.level > 1 else pkg
-                stem = ".".join([*base, node.module] if node.module else base)
-                mods = [f"shardfleet.operations.{stem}" if stem else "shardfleet.operations"]
-                if not node.module:
-                    mods = [f"shardfleet.operations.{'.'.join([*base, a.name])}"
-                            for a in node.names]
-            elif node.module:
-                mods = [node.module]
-                if node.module == "shardfleet.operations":
-                    mods = [f"shardfleet.operations.{a.name}" for a in node.names]
-        for m in mods:
-            if m.startswith("shardfleet.operations."):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for m in _modules(node, pkg):
+            if m in SHIMS:
+                out.add(SHIMS[m])
+            elif m.startswith("shardfleet.operations."):
                 op = operation_of(m.removeprefix("shardfleet.operations."))
                 if op:
                     out.add(op)
@@ -94,5 +99,9 @@ def test_the_import_scan_sees_an_import(tmp_path):
     f = ops / "split" / "cutover.py"
     f.write_text("from shardfleet.operations import runner, promote\n"
                  "from ..rebuild import x\nfrom . import check\n"
-                 "import shardfleet.operations.backup\n")
+                 "import shardfleet.operations.backup\nfrom .spec import SplitSpec\n"
+                 "from shardfleet.operations.types import Options\n")
     assert imported_operations(f, ops) == {"promote", "rebuild", "split", "backup"}
+    g = ops / "archive.py"
+    g.write_text("from shardfleet.promote import promote\n")
+    assert imported_operations(g, ops) == {"promote"}
