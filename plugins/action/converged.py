@@ -2,23 +2,25 @@
 # Apache License 2.0
 """The converged module's control-node half: the digest of a play's inputs for a host.
 
-Everything a site.yml play reads goes into one SHA-256 (docs/roles.md, "A rerun on a
-converged fleet"): the collection's own files, the inventory's files and the loaded
-inventory (a dynamic one's hosts and groups too), this host's inventory variables as
-templated now, the -e arguments, and the play's ``paths`` and ``inputs``. A change to
-any of them sends the host down the play's full path. Secrets (variables named like
-one) are left out of the templated part and of the -e arguments (a vault file's bytes
-are hashed as they are written), so the digest, which the host keeps and -vvv prints, is
-no oracle for them; and so are the fast path's own switches (shardfleet_converged_*).
+Everything a site.yml play reads goes into one SHA-256 (docs/roles.md, "What a rerun
+checks"): the collection's own files, the inventory's files and the loaded inventory (a
+dynamic one's hosts and groups too), this host's inventory variables as templated now,
+the -e arguments, and the play's ``paths`` and ``inputs``. A change to any of them sends
+the host down the play's full path. A secret (a variable named like one) enters as an
+HMAC under a key kept on the control node (``SHARDFLEET_CONVERGED_KEY_FILE``, default
+``~/.ansible/shardfleet/converged.key``, made 0600 on first use and never printed): a
+rotation changes the digest, and the digest, which the host keeps and -vvv prints, is no
+oracle for the value. The fast path's own switches (shardfleet_converged_*) are left out.
 
 The digest is a host's *base* (all but ``inputs``) and then ``inputs``: a play that
 changes an input it read (the shards play registering the first map) stamps its base with
-the input as the play left it.
+the input as the play left it. The host's observed state is the module's half.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -107,12 +109,36 @@ def inventory_files(sources: list[str], playbook_dir: str | None) -> list[Path]:
     return out
 
 
-def inputs_only(variables: dict) -> dict:
+def key_file() -> Path:
+    return Path(os.environ.get("SHARDFLEET_CONVERGED_KEY_FILE")
+                or Path.home() / ".ansible" / "shardfleet" / "converged.key")
+
+
+def secret_key() -> bytes:
+    """The control node's key for the secrets' hashes: read, or made once (0600, created
+    exclusively so two runs at once agree on one key)."""
+    path = key_file()
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    return path.read_bytes()
+
+
+def keyed(variables: dict, key: bytes) -> dict:
     """``variables`` without the fast path's own switches (a full run -e
-    shardfleet_converged_fast_path=false stamps what the next plain run accepts) and
-    without secrets."""
-    return {k: v for k, v in variables.items()
-            if not str(k).startswith(OWN_SWITCHES) and not SECRET.search(str(k))}
+    shardfleet_converged_fast_path=false stamps what the next plain run accepts), each
+    secret replaced by its HMAC under *key*."""
+    return {k: ("hmac:" + hmac.new(key, canonical(v).encode(), hashlib.sha256).hexdigest()
+                if SECRET.search(str(k)) else v)
+            for k, v in variables.items() if not str(k).startswith(OWN_SWITCHES)}
 
 
 def canonical(data: object) -> str:
@@ -177,52 +203,68 @@ def var_names(file_names: set[str], inventory: Any, host: str) -> set[str]:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("name", "state", "digest", "enabled", "services", "paths",
-                             "inputs", "max_age", "path", "keeper", "host", "address",
-                             "ports", "base"))
+    _VALID_ARGS = frozenset(("name", "state", "digest", "enabled", "observe", "paths",
+                             "inputs", "max_age", "path", "base", "observed"))
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        keeper = boolean(args.get("keeper", False), strict=False)
         host = str(task_vars.get("inventory_hostname", ""))
-        bases: dict[str, str] = {}
+        base = ""
         if args.get("state", "check") == "present":
             narrowed = self._narrowed()
             if narrowed:
                 result.update(changed=False, converged=False, digest=args.get("digest") or "",
-                              reason="", written=False,
+                              reason="", drift=[], written=False,
                               msg=f"no stamp: the run is narrowed by {narrowed}, "
                                   "so the host is not known converged")
                 return result
             if args.get("base"):
                 # the check's base with the inputs as the play left them
                 args["digest"] = final_digest(str(args["base"]), args.get("inputs"))
-        elif keeper:
-            # run once for the play: every play host's digest, compared on the keeper
-            common = self._common(args, task_vars)
-            hostvars = task_vars.get("hostvars")
-            bases = {h: self._base(common, args, h, hostvars[h], task_vars)
-                     for h in task_vars.get("ansible_play_hosts") or [host]}
-            args["hosts"] = {h: final_digest(b, args.get("inputs")) for h, b in bases.items()}
-        else:
-            bases = {host: self._base(self._common(args, task_vars), args, host,
-                                      task_vars, task_vars)}
-            args["digest"] = final_digest(bases[host], args.get("inputs"))
-        # paths, inputs and base are the digest's, on the control node: not shipped
-        for name in ("paths", "inputs", "base"):
+        elif args.get("state", "check") == "check":
+            base = self._base(self._common(args, task_vars), args, host, task_vars)
+            args["digest"] = final_digest(base, args.get("inputs"))
+            observed = args.pop("observed", None)
+            if isinstance(observed, dict):
+                result.update(self._decide(args, observed, task_vars), base=base)
+                return result
+        # paths, inputs, base and observed are the control node's: not shipped
+        for name in ("paths", "inputs", "base", "observed"):
             args.pop(name, None)
         result.update(self._execute_module(module_name=MODULE, module_args=args,
                                            task_vars=task_vars))
-        if args.get("state", "check") == "check":
-            if not keeper and "digest" in result:
-                # the same answer as a keeper's, for the play's consumers
-                result["converged_hosts"] = [host] if result.get("converged") else []
-                result["digests"] = {host: result["digest"]}
-            if "digests" in result:
-                result["bases"] = bases
+        if base:
+            result["base"] = base
         return result
+
+    def _decide(self, args: dict, observed: dict, task_vars: dict) -> dict:
+        """The check against the host's stamps as this run's first play observed them
+        (``state: observe``): on the control node, no call to the host unless a stamp
+        that no longer holds is to be removed."""
+        name = str(args.get("name"))
+        play = observed.get(name)
+        if not boolean(args.get("enabled", True), strict=False):
+            reason, drift = "disabled (shardfleet_converged_fast_path=false)", []
+        elif not isinstance(play, dict):
+            reason, drift = "no stamp", []
+        elif play.get("digest") != args["digest"]:
+            reason, drift = "inputs changed", []
+        else:
+            reason, drift = str(play.get("reason") or ""), list(play.get("drift") or [])
+        if reason and isinstance(play, dict):
+            # a run that stops half-way leaves no stamp behind (check mode: the module
+            # removes nothing)
+            gone = self._execute_module(
+                module_name=MODULE, task_vars=task_vars,
+                module_args={"name": name, "state": "absent",
+                             **({"path": args["path"]} if args.get("path") else {})})
+            if gone.get("failed"):
+                return dict(gone, converged=False, digest=args["digest"], reason=reason,
+                            drift=drift, written=False)
+        return dict(changed=False, converged=not reason, digest=args["digest"], reason=reason,
+                    drift=drift, written=False)
 
     @staticmethod
     def _narrowed() -> str:
@@ -238,6 +280,7 @@ class ActionModule(ActionBase):
         many hosts the digests are for), each part's own digest kept for
         SHARDFLEET_CONVERGED_DEBUG (with the inputs', which final_digest adds)."""
         parts: dict[str, str] = {}
+        key = secret_key()
 
         def part(label: str, feed: Any) -> None:
             p = hashlib.sha256()
@@ -262,34 +305,30 @@ class ActionModule(ActionBase):
             (loaded if loaded is not None else secrets.token_hex(16)).encode()))
         # the -e arguments as parsed (an @file's variables), untemplated
         part("extra_vars", lambda p: p.update(
-            canonical(inputs_only(dict(load_extra_vars(self._loader)))).encode()))
+            canonical(keyed(dict(load_extra_vars(self._loader)), key)).encode()))
         part("paths", lambda p: hash_files(
             p, "paths", read_files([Path(x) for x in args.get("paths") or []])))
         h = hashlib.sha256(b"shardfleet converged 3")
         h.update(canonical(parts).encode())
         part("inputs", lambda p: p.update(canonical(args.get("inputs")).encode()))
         return {"digest": h.hexdigest(), "file_names": file_var_names(inv_contents),
-                "inventory": inventory,
-                "parts": parts}
+                "inventory": inventory, "key": key, "parts": parts}
 
-    def _base(self, common: dict, args: dict, host: str, host_vars: Any,
-              task_vars: dict) -> str:
+    def _base(self, common: dict, args: dict, host: str, task_vars: dict) -> str:
         """*host*'s base: the common part and the host's inventory variables as templated
-        now (*host_vars*: this task's variables, or ``hostvars[host]`` for another host)."""
+        now, each secret by its keyed hash."""
         h = hashlib.sha256(common["digest"].encode())
         h.update(canonical([host]).encode())
         templated = {}
         names = var_names(common["file_names"], common["inventory"], host)
-        for name in sorted(inputs_only(dict.fromkeys(names))):
-            if name not in host_vars:
+        for name in sorted(names):
+            if name.startswith(OWN_SWITCHES) or name not in task_vars:
                 continue
             try:
-                value = host_vars[name]
-                templated[name] = self._templar.template(value) if host_vars is task_vars \
-                    else value  # hostvars template on access
+                templated[name] = self._templar.template(task_vars[name])
             except Exception as e:  # noqa: BLE001 - undefined before facts: the same answer each run
                 templated[name] = f"<{type(e).__name__}>"
-        h.update(canonical(templated).encode())
+        h.update(canonical(keyed(templated, common["key"])).encode())
         base = h.hexdigest()
         debug = os.environ.get("SHARDFLEET_CONVERGED_DEBUG")
         if debug:  # why a host took the full path: each part's digest, never a value
@@ -297,7 +336,7 @@ class ActionModule(ActionBase):
                     "digest": final_digest(base, args.get("inputs")), "base": base,
                     "parts": common["parts"],
                     "vars": {k: hashlib.sha256(canonical(v).encode()).hexdigest()[:16]
-                             for k, v in templated.items()}}
+                             for k, v in keyed(templated, common["key"]).items()}}
             with open(debug, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line, sort_keys=True) + "\n")
         return base

@@ -213,8 +213,6 @@ def test_security_groups_allow_exactly_the_fleets_own_traffic(
         ("mysql", 3306, 3306, "monitoring"),
         ("zookeeper", 2181, 2181, "monitoring"),
         ("memcached", 11211, 11211, "monitoring"),
-        # the converged fast path's keeper probes every service port
-        ("redis", 6379, 6379, "monitoring"),
         ("mysql", 9100, 9100, "monitoring"),
         ("mysql", 9104, 9104, "monitoring"),
         ("zookeeper", 9100, 9100, "monitoring"),

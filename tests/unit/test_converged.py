@@ -1,9 +1,11 @@
 """site.yml's fast path, shardfleet.fleet.converged: a host is known converged only while
-everything its play reads is as the stamp says, its services run, and the stamp is young.
+everything its play reads is as the stamp says, the host still looks as the play left it
+(the files, services and packages its stamp observed), and the stamp is young.
 
 Real ansible-playbook runs on this host (local connection) with a temporary inventory and
 stamp directory; a fake ``systemctl`` first on PATH answers for the services. The e2e tier
-runs the same plays into the container fleet.
+runs the same plays into the container fleet, with MariaDB, Redis and memcached observed
+(its drift matrix).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ PLAY = """
   gather_facts: false
   vars:  # the switches the tests turn come from the environment: an -e is an input
     units: "{{ lookup('ansible.builtin.env', 'SF_UNITS') | split(',') | select | list }}"
+    managed: "{{ lookup('ansible.builtin.env', 'SF_FILES') | split(',') | select | list }}"
     stamp: "{{ lookup('ansible.builtin.env', 'SF_STAMP') != '0' }}"
     fast: "{{ lookup('ansible.builtin.env', 'SF_FAST') != '0' }}"
     age: "{{ lookup('ansible.builtin.env', 'SF_AGE') or 86400 }}"
@@ -49,20 +52,23 @@ PLAY = """
         state: present
         path: "{{ stamps }}"
         digest: "{{ c.digest }}"
-        services: "{{ units }}"
+        observe: {services: "{{ units }}", files: "{{ managed }}"}
       register: s
       when: stamp | bool
       tags: [always]
 """
 
 SYSTEMCTL = """#!/bin/sh
-# systemctl is-active UNIT...: a unit named in $STATES_FILE is inactive
+# systemctl is-active|is-enabled UNIT...: a unit named in $STATES_FILE is inactive, disabled
+verb=$1
 shift
-rc=0
 for u in "$@"; do
-  if grep -qx "$u" "$STATES_FILE" 2>/dev/null; then echo inactive; rc=3; else echo active; fi
+  if grep -qx "$u" "$STATES_FILE" 2>/dev/null; then
+    if [ "$verb" = is-active ]; then echo inactive; else echo disabled; fi
+  else
+    if [ "$verb" = is-active ]; then echo active; else echo enabled; fi
+  fi
 done
-exit $rc
 """
 
 
@@ -152,21 +158,56 @@ def test_each_kind_of_input_is_in_the_digest(env: Env, how: str) -> None:
     assert after["converged"] is False and after["reason"] == "inputs changed", after
 
 
-def test_a_secret_is_not_templated_into_the_digest(env: Env) -> None:
-    # the digest is printed and kept on the host: a guess at a secret must not be testable
-    # against it. The secret's written source (a vault file, an -e argument) is hashed.
-    env.run()
-    assert env.check(SF_TEST_SECRET="s2")["converged"] is True
+def test_a_rotated_secret_changes_the_digest_which_holds_no_oracle_for_it(env: Env,
+                                                                         tmp_path: Path) -> None:
+    # a rotation (vault, lookup or -e) must reach the host; the digest, printed and kept on
+    # the host, must not let a guess be tested against it: a keyed hash, key on the controller
+    key = tmp_path / "key"
+    first = env.run(SHARDFLEET_CONVERGED_KEY_FILE=str(key))["check"]
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+    assert env.check(SHARDFLEET_CONVERGED_KEY_FILE=str(key))["converged"] is True
+    rotated = env.check(SHARDFLEET_CONVERGED_KEY_FILE=str(key), SF_TEST_SECRET="s2", SF_STAMP="0")
+    assert rotated["converged"] is False and rotated["reason"] == "inputs changed", rotated
+    env.run(SHARDFLEET_CONVERGED_KEY_FILE=str(key), SF_TEST_SECRET="s2")
+    by_e = env.check("-e", "mysql_app_password=s3", SHARDFLEET_CONVERGED_KEY_FILE=str(key),
+                     SF_TEST_SECRET="s2")
+    assert by_e["converged"] is False and by_e["reason"] == "inputs changed", by_e
+    # the same inputs under another key: another digest (the value alone does not make it)
+    other = env.check(SHARDFLEET_CONVERGED_KEY_FILE=str(tmp_path / "other"), SF_STAMP="0")
+    assert other["digest"] != first["digest"]
 
 
-def test_an_inactive_service_old_stamp_or_moved_address_is_not_converged(env: Env) -> None:
-    env.run(SF_UNITS="svc-a,svc-b")
+def test_an_observed_file_or_service_that_drifted_is_named_and_not_converged(env: Env) -> None:
+    managed = env.tmp / "managed.conf"
+    managed.write_text("max_connections = 100\n")
+    env.run(SF_UNITS="svc-a,svc-b", SF_FILES=str(managed))
     assert env.check(SF_STAMP="0")["converged"] is True
+    stamp = json.loads(env.stamp.read_text())
+    assert set(stamp["observed"]) == {f"file:{managed}", "service:svc-a", "service:svc-b"}
+    assert env.stamp.stat().st_mode & 0o777 == 0o600
+
+    managed.write_text("max_connections = 7\n")
+    edited = env.check(SF_STAMP="0")
+    assert edited["converged"] is False, edited
+    assert edited["reason"] == f"observed state differs: file:{managed}", edited
+    assert edited["drift"] == [f"file:{managed}"]
+    managed.write_text("max_connections = 100\n")
+
+    env.run(SF_UNITS="svc-a,svc-b", SF_FILES=str(managed))
     env.states.write_text("svc-b\n")
     down = env.check(SF_STAMP="0")
-    assert down["converged"] is False and down["reason"] == "not active: svc-b", down
+    assert down["converged"] is False and down["drift"] == ["service:svc-b"], down
     env.states.unlink()
 
+    env.run(SF_UNITS="svc-a", SF_FILES=str(managed))
+    managed.chmod(0o600)  # a mode is state too
+    assert env.check(SF_STAMP="0")["drift"] == [f"file:{managed}"]
+    env.run(SF_UNITS="svc-a", SF_FILES=str(managed))
+    managed.unlink()
+    assert env.check(SF_STAMP="0")["drift"] == [f"file:{managed}"]
+
+
+def test_an_old_stamp_or_moved_address_is_not_converged(env: Env) -> None:
     env.run(SF_UNITS="svc-a")
     stamp = json.loads(env.stamp.read_text())
     env.stamp.write_text(json.dumps(dict(stamp, time=time.time() - 1000)))
@@ -202,11 +243,15 @@ def test_the_drift_check_stamps_what_the_next_fast_run_accepts(env: Env) -> None
     assert env.check(SF_STAMP="0")["converged"] is True
 
 
-# -- a keeper (shardfleet_converged_keeper): one host keeps every host's stamps ------------
-# The play is site.yml's own task files: the check once for the play on the keeper, the
-# ports each host's stamp names probed from there, meta end_host for the converged hosts.
+# -- site.yml's own task files on two hosts (each its own stamps: one machine here) -----
 
-KEEPER_PLAY = """
+SITE_PLAY = """
+- hosts: fleet
+  gather_facts: false
+  tasks:
+    - name: Observe
+      ansible.builtin.import_tasks: {root}/playbooks/tasks/converged-observe.yml
+
 - hosts: fleet
   gather_facts: false
   tasks:
@@ -222,187 +267,113 @@ KEEPER_PLAY = """
       ansible.builtin.import_tasks: {root}/playbooks/tasks/converged-stamp.yml
       vars:
         converged_name: play
+        converged_observe:
+          files: ["{{{{ managed_file }}}}"]
 """
 
 
-TWO_PLAYS = KEEPER_PLAY + KEEPER_PLAY.replace("converged_name: play", "converged_name: second")
-
-
-class KeeperEnv:
-    """Hosts h1, h2 and the keeper k (all local connection); each host's service is a
-    listening socket of this test, named in the inventory as the host's converged_ports."""
+class SiteEnv:
+    """Hosts h1 and h2 (local connection), each with its own stamp directory and its own
+    managed file."""
 
     def __init__(self, tmp: Path) -> None:
-        import socket
-
-        self.tmp = tmp
-        self.listeners = {}
-        for h in ("h1", "h2"):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            s.listen(16)
-            self.listeners[h] = s
-        self.stamps = tmp / "stamps"
-        self.inventory = tmp / "inventory"
-        (self.inventory / "group_vars" / "all").mkdir(parents=True)
-        self.keeper_vars = {"shardfleet_converged_keeper": "k"}
-        self.write_inventory()
-        (self.inventory / "group_vars" / "all" / "main.yml").write_text(
-            f"shardfleet_converged_path: {self.stamps}\n"
-            f"shardfleet_address: 127.0.0.1\n"
-            "setting: \"{{ lookup('ansible.builtin.env', 'SF_TEST_VALUE') }}\"\n")
-        self.playbook = tmp / "play.yml"
-        self.playbook.write_text(KEEPER_PLAY.format(root=ROOT))
-        self.env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                        ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json",
-                        SF_TEST_VALUE="one")
-
-    def write_inventory(self, keeper: dict | None = None, own_paths: bool = False) -> None:
-        """*own_paths*: each host its own stamp directory (h1 and h2 are one machine here)."""
         import yaml
 
-        hosts = {h: {"ansible_connection": "local",
-                     "converged_ports": [s.getsockname()[1]],
-                     "setting_of_h": f"{h}-1"} for h, s in self.listeners.items()}
-        for h in hosts if own_paths else ():
-            hosts[h]["shardfleet_converged_path"] = str(self.stamps / "own" / h)
-        inv = {"all": {"vars": self.keeper_vars,
-                       "hosts": {"k": keeper or {"ansible_connection": "local"}},
-                       "children": {"fleet": {"hosts": hosts}}}}
-        (self.inventory / "hosts.yml").write_text(yaml.safe_dump(inv))
-
-    def close(self, host: str) -> None:
-        self.listeners[host].close()
-
-    def two_plays(self) -> None:
-        """site.yml's shape: plays one after another, each with its own stamp."""
-        self.playbook.write_text(TWO_PLAYS.format(root=ROOT))
-
-    def kept(self, host: str) -> Path:
-        return self.stamps / "hosts" / host / "play.json"
+        self.tmp = tmp
+        self.inventory = tmp / "inventory"
+        (self.inventory / "group_vars" / "all").mkdir(parents=True)
+        self.files = {h: tmp / f"{h}.conf" for h in ("h1", "h2")}
+        for f in self.files.values():
+            f.write_text("setting 1\n")
+        hosts = {h: {"ansible_connection": "local", "managed_file": str(f),
+                     "shardfleet_converged_path": str(tmp / "stamps" / h),
+                     "setting_of_h": f"{h}-1"} for h, f in self.files.items()}
+        (self.inventory / "hosts.yml").write_text(yaml.safe_dump(
+            {"all": {"children": {"fleet": {"hosts": hosts}}}}))
+        (self.inventory / "group_vars" / "all" / "main.yml").write_text(
+            "setting: \"{{ lookup('ansible.builtin.env', 'SF_TEST_VALUE') }}\"\n")
+        self.playbook = tmp / "play.yml"
+        self.playbook.write_text(SITE_PLAY.format(root=ROOT))
+        self.env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                        ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json",
+                        SF_TEST_VALUE="one",
+                        SHARDFLEET_CONVERGED_KEY_FILE=str(tmp / "converged.key"))
 
     def run(self, *args: str, **env: str) -> dict[str, dict[str, dict]]:
-        tasks = play_tasks(self.inventory, self.playbook, dict(self.env, **env), args)
-        return {t["task"]["name"]: t["hosts"] for t in tasks}
-
-    def run_plays(self, *args: str) -> list[set[str]]:
-        """The hosts that ran each play's full path."""
         p = subprocess.run(
             [str(PLAYBOOK_BIN), "-i", str(self.inventory),
              "-e", f"ansible_python_interpreter={sys.executable}", str(self.playbook), *args],
-            capture_output=True, text=True, env=self.env, cwd=ROOT, timeout=300, check=False)
+            capture_output=True, text=True, env=dict(self.env, **env), cwd=ROOT, timeout=300,
+            check=False)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        return [set(next((t["hosts"] for t in play["tasks"] if t["task"]["name"] == "work"),
-                         {})) for play in json.loads(p.stdout)["plays"]]
+        return {t["task"]["name"]: t["hosts"] for play in json.loads(p.stdout)["plays"]
+                for t in play["tasks"]}
 
     @staticmethod
     def worked(res: dict[str, dict[str, dict]]) -> set[str]:
         return set(res.get("work", {}))
 
+    @staticmethod
+    def said(res: dict[str, dict[str, dict]]) -> str:
+        """The play's one line about the fast path (run once)."""
+        (line,) = [r["msg"] for k, v in res.items() if k.startswith("Say which")
+                   for r in v.values()]
+        return line
+
 
 @pytest.fixture()
-def kenv(tmp_path: Path):
-    e = KeeperEnv(tmp_path)
-    yield e
-    for s in e.listeners.values():
-        s.close()
+def senv(tmp_path: Path) -> SiteEnv:
+    return SiteEnv(tmp_path)
 
 
-def check_of(res: dict[str, dict[str, dict]]) -> dict:
-    """The check's result (run once: under the play's first host)."""
-    (r,) = [v for k, v in res.items() if k.startswith("Compare")][0].values()
-    return r
+def test_the_play_says_which_hosts_the_fast_path_ended_and_why_the_others_ran(senv) -> None:
+    first = senv.run()
+    assert senv.worked(first) == {"h1", "h2"}
+    assert senv.said(first) == ("play: fast path (converged, checked) on no host; full path "
+                                "on h1 (no stamp); h2 (no stamp)"), senv.said(first)
+    second = senv.run()
+    assert senv.worked(second) == set()
+    assert senv.said(second) == ("play: fast path (converged, checked) on h1, h2; "
+                                 "full path on no host")
+    # decided on the control node from the first play's observation: no module ran
+    checks = next(v for k, v in second.items() if k.startswith("Compare"))
+    assert all("invocation" not in r for r in checks.values()), checks
+    senv.files["h2"].write_text("setting 2\n")  # drift on h2 only
+    third = senv.run()
+    assert senv.worked(third) == {"h2"}
+    assert senv.said(third) == (
+        "play: fast path (converged, checked) on h1; full path on h2 (observed state "
+        f"differs: file:{senv.files['h2']})"), senv.said(third)
+    # the full run stamped h2 as it is now: the next run is fast everywhere
+    assert senv.worked(senv.run()) == set()
+    full = senv.run("-e", "shardfleet_converged_fast_path=false")
+    assert senv.worked(full) == {"h1", "h2"} and "disabled" in senv.said(full)
+    assert senv.worked(senv.run()) == set(), "the full run stamps what the next plain run takes"
 
 
-def test_a_keeper_checks_the_whole_play_at_once_and_ends_the_converged_hosts(kenv) -> None:
-    first = kenv.run()
-    assert kenv.worked(first) == {"h1", "h2"}
-    c = check_of(first)
-    assert c["converged_hosts"] == [] and set(c["reasons"]) == {"h1", "h2"}, c
-    for h in ("h1", "h2"):
-        kept = json.loads(kenv.kept(h).read_text())
-        assert kept["address"] == "127.0.0.1"
-        assert kept["ports"] == [kenv.listeners[h].getsockname()[1]], kept
-    assert not (kenv.stamps / "play.json").exists(), "a stamp of the keeper's own kind"
-    second = kenv.run()
-    assert kenv.worked(second) == set(), "converged hosts ran the play's full path"
-    assert check_of(second)["converged_hosts"] == ["h1", "h2"]
-    # an input of one host: that host only
-    kenv.write_inventory()
-    third = kenv.run(SF_TEST_VALUE="two")
-    assert kenv.worked(third) == {"h1", "h2"}, "an input every host reads changed"
-    assert kenv.worked(kenv.run(SF_TEST_VALUE="two")) == set()
+def test_a_host_a_play_ran_in_full_on_is_observed_again_by_the_next_play(senv) -> None:
+    # the first play's observation is from before this run changed anything: a host that
+    # ran a play in full (a restart, a file rewritten) is observed again by the later plays
+    second_play = SITE_PLAY.split("- hosts: fleet", 2)[2].replace("converged_name: play",
+                                                                   "converged_name: second")
+    senv.playbook.write_text((SITE_PLAY + "\n- hosts: fleet" + second_play).format(root=ROOT))
+    senv.run()
+    senv.files["h1"].write_text("setting 2\n")
+    res = senv.run()
+    compare = [res[f"Compare the host's stamp with this run's inputs and its state ({n})"]
+               for n in ("play", "second")]
+    # the file differs from both stamps: h1 runs both plays in full, the second one
+    # observing h1 again (a module run), h2 takes the fast path twice (no module run)
+    assert compare[0]["h1"]["converged"] is False and "invocation" not in compare[0]["h1"]
+    assert compare[1]["h1"]["converged"] is False and "invocation" in compare[1]["h1"]
+    assert compare[1]["h1"]["drift"] == [f"file:{senv.files['h1']}"]
+    assert all("invocation" not in c["h2"] and c["h2"]["converged"] for c in compare)
 
 
-def test_a_host_whose_port_is_closed_runs_in_full_and_loses_every_stamp(kenv) -> None:
-    kenv.run()
-    other = kenv.stamps / "hosts" / "h2" / "other-play.json"
-    other.write_text(kenv.kept("h2").read_text())
-    kenv.close("h2")
-    res = kenv.run()
-    assert kenv.worked(res) == {"h2"}, res.get("work")
-    reason = check_of(res)["reasons"]["h2"]
-    assert reason.startswith("not listening on 127.0.0.1: port "), reason
-    assert not other.exists(), "a host that failed its check kept another play's stamp"
-    # it stamped again at the end of its full run; its port is still closed: full again
-    assert kenv.worked(kenv.run()) == {"h2"}
-
-
-def test_an_unreachable_keeper_fails_no_run_and_leaves_every_host_on_the_full_path(kenv) -> None:
-    kenv.run()
-    kenv.write_inventory(keeper={"ansible_connection": "ssh", "ansible_host": "127.0.0.1",
-                                 "ansible_port": 1, "ansible_ssh_timeout": 3})
-    res = kenv.run()
-    assert kenv.worked(res) == {"h1", "h2"}
-    kenv.write_inventory()
-    assert kenv.worked(kenv.run()) == set(), "the stamps of the earlier run are still good"
-
-
-def test_with_a_keeper_the_drift_check_runs_in_full_and_narrowed_runs_write_no_stamp(kenv) -> None:
-    kenv.run()
-    res = kenv.run("-e", "shardfleet_converged_fast_path=false")
-    assert kenv.worked(res) == {"h1", "h2"}
-    assert kenv.worked(kenv.run()) == set(), "the drift check's stamps are not accepted"
-    for h in ("h1", "h2"):
-        kenv.kept(h).unlink()
-    kenv.run("--tags", "always")
-    assert not kenv.kept("h1").exists() and not kenv.kept("h2").exists()
-
-
-def test_an_empty_keeper_means_each_host_keeps_its_own_stamps(kenv) -> None:
-    kenv.write_inventory(own_paths=True)
-    kenv.run("-e", "shardfleet_converged_keeper=")
-    assert not (kenv.stamps / "hosts").exists(), "stamps went to a keeper"
-    for h in ("h1", "h2"):
-        assert (kenv.stamps / "own" / h / "play.json").exists(), f"no stamp of {h}'s own"
-    res = kenv.run("-e", "shardfleet_converged_keeper=")
-    assert kenv.worked(res) == set()
-    assert set(check_of_each(res)) == {"h1", "h2"}, "the check did not run on each host"
-
-
-def check_of_each(res: dict[str, dict[str, dict]]) -> dict[str, dict]:
-    return [v for k, v in res.items() if k.startswith("Compare")][0]
-
-
-def test_a_first_run_leaves_every_play_s_stamp_and_the_next_run_is_fast(kenv) -> None:
-    """The first run of a fleet (no stamps at all) must leave a stamp per play: a later
-    play's check finding no stamp of its own once removed the stamps the earlier plays
-    had just written, so every run of a bench fleet took the full path."""
-    kenv.two_plays()
-    assert kenv.run_plays() == [{"h1", "h2"}, {"h1", "h2"}]
-    for h in ("h1", "h2"):
-        assert kenv.kept(h).exists() and (kenv.kept(h).parent / "second.json").exists(), h
-    assert kenv.run_plays() == [set(), set()], "the run after the first took the full path"
-    # a closed port in the second play: that host's stamps all go, the next run is full
-    # for it in both plays and fast for the other
-    kenv.close("h2")
-    assert kenv.run_plays() == [{"h2"}, {"h2"}]
-
-
-def test_the_debug_file_names_each_part_and_variable_never_a_value(kenv, tmp_path) -> None:
+def test_the_debug_file_names_each_part_and_variable_never_a_value(senv, tmp_path) -> None:
     dbg = tmp_path / "digests.jsonl"
-    kenv.run(SHARDFLEET_CONVERGED_DEBUG=str(dbg))
-    kenv.run(SHARDFLEET_CONVERGED_DEBUG=str(dbg), SF_TEST_VALUE="two")
+    senv.run(SHARDFLEET_CONVERGED_DEBUG=str(dbg))
+    senv.run(SHARDFLEET_CONVERGED_DEBUG=str(dbg), SF_TEST_VALUE="two")
     lines = [json.loads(x) for x in dbg.read_text().splitlines()]
     first = {x["host"]: x for x in lines[:2]}
     second = {x["host"]: x for x in lines[2:4]}
@@ -439,20 +410,15 @@ MAP_PLAY = """
 """
 
 
-@pytest.mark.parametrize("keeper", [True, False], ids=["keeper", "own stamps"])
-def test_a_play_that_wrote_its_input_is_converged_with_what_it_wrote(kenv, keeper) -> None:
+def test_a_play_that_wrote_its_input_is_converged_with_what_it_wrote(senv) -> None:
     """site.yml's shards play reads the map, registers the first one, and stamps the map as
     it left it: the run after it is fast (it once ran the shards play in full, its stamp
     naming the map from before the first run). A map that changes after the play, by
     anyone, still sends the hosts down the full path."""
-    kenv.playbook.write_text(MAP_PLAY.format(root=ROOT))
-    args = () if keeper else ("-e", "shardfleet_converged_keeper=")
-    if not keeper:
-        kenv.write_inventory(own_paths=True)
+    senv.playbook.write_text(MAP_PLAY.format(root=ROOT))
 
     def worked(read: str, left: str) -> set[str]:
-        return kenv.worked(kenv.run(*args, SF_MAP_READ=read, SF_MAP_LEFT=left))
-
+        return senv.worked(senv.run(SF_MAP_READ=read, SF_MAP_LEFT=left))
     assert worked("", "v1") == {"h1", "h2"}, "the first run (no map yet)"
     assert worked("v1", "v1") == set(), "the run after the map was written took the full path"
     assert worked("v2", "v2") == {"h1", "h2"}, "a map changed since was accepted"
