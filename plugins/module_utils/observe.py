@@ -15,7 +15,8 @@ spec and names every part that differs. The spec's kinds:
   ``users`` (their mysql.global_priv rows: privileges and password hash),
   ``variables_from`` (option files: the global variables they set, less ``exclude``),
   ``replication`` (each channel's source and whether it runs), ``read_only``,
-  ``db_grants`` (mysql.db rows of these users), ``databases`` (the schema names);
+  ``db_grants`` (mysql.db rows of these users), ``databases`` (the names of the schemas
+  LIKE this pattern);
 * ``redis``: ``conf``: CONFIG GET of every directive the file sets (redis-cli, with the
   file's own address, port, CA and password);
 * ``memcached``: ``address``/``port``: ``stats settings``.
@@ -163,7 +164,8 @@ def _mariadb_parts(cur, spec):
             f"SELECT * FROM mysql.db WHERE User IN ({marks}) ORDER BY Host, Db, User", grants))
     if spec.get("databases"):
         out["mariadb:databases"] = _digest(rows(
-            "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA ORDER BY SCHEMA_NAME"))
+            "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE %s "
+            "ORDER BY SCHEMA_NAME", [str(spec["databases"])]))
     return out
 
 

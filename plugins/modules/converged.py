@@ -24,7 +24,7 @@ description:
     contents of O(paths) and O(inputs). A secret (a variable named like one) enters
     it as a keyed hash whose key stays on the control node, so a rotation is seen and
     the digest is no oracle for the value.
-  - The observed state is read on the host in the same call (module_utils C(observe)):
+  - The observed state is read on the host (module_utils C(observe)) and covers
     the files the play manages (content, mode, owner), its services (active and
     enabled), its packages' versions, and the servers' runtime settings the play sets
     (MariaDB users, grants, global variables, replication channels, C(read_only); the
@@ -49,7 +49,7 @@ options:
     description:
       - C(check) compares (and removes a stale stamp); C(present) writes one.
       - C(observe) reads every stamp the host holds and observes each one's state again,
-        returning RV(plays) (site.yml's first play: one call a host for the whole run);
+        returning RV(plays) (site.yml's first play, one call a host for the whole run);
         a later O(state=check) given O(observed) then decides on the control node,
         with no call to the host unless there is a stale stamp to remove.
       - C(absent) removes the stamp O(name).
@@ -71,7 +71,7 @@ options:
         recorded in the stamp; O(state=check) observes the same again. Keys
         C(files), C(services), C(packages) (lists), C(mariadb) (C(socket), C(users),
         C(variables_from), C(exclude), C(replication), C(read_only), C(db_grants),
-        C(databases)), C(redis) (C(conf)), C(memcached) (C(address), C(port)).
+        C(databases), a LIKE pattern), C(redis) (C(conf)), C(memcached) (C(address), C(port)).
     type: dict
     default: {}
   paths:
@@ -96,7 +96,7 @@ options:
     type: str
   observed:
     description:
-      - For O(state=check), the RV(plays) of an earlier O(state=observe) in this run: the
+      - For O(state=check), the RV(plays) of an earlier O(state=observe) in this run; the
         action plugin compares the digest with the observed stamp's on the control node.
         Leave it out for a host a play of this run changed (observe it again).
     type: dict
@@ -318,7 +318,7 @@ def main():
         module.exit_json(**result)
 
     if not p["enabled"]:
-        reason, drift = "disabled (shardfleet_converged_fast_path=false)", []
+        reason, drift = "disabled (shardfleet_converged_fast_path=false, or the play allows none yet)", []
     else:
         reason, drift = mismatch(read_stamp(stamp_path), p["digest"], host_address(),
                                  p["max_age"], time.time())
