@@ -246,7 +246,8 @@ class ActionModule(ActionBase):
         name = str(args.get("name"))
         play = observed.get(name)
         if not boolean(args.get("enabled", True), strict=False):
-            reason, drift = "disabled (shardfleet_converged_fast_path=false, or the play allows none yet)", []
+            reason, drift = ("disabled (shardfleet_converged_fast_path=false, or the play "
+                         "allows none yet)"), []
         elif not isinstance(play, dict):
             reason, drift = "no stamp", []
         elif play.get("digest") != args["digest"]:

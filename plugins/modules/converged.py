@@ -318,7 +318,8 @@ def main():
         module.exit_json(**result)
 
     if not p["enabled"]:
-        reason, drift = "disabled (shardfleet_converged_fast_path=false, or the play allows none yet)", []
+        reason, drift = ("disabled (shardfleet_converged_fast_path=false, or the play "
+                         "allows none yet)"), []
     else:
         reason, drift = mismatch(read_stamp(stamp_path), p["digest"], host_address(),
                                  p["max_age"], time.time())

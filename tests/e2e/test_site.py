@@ -96,7 +96,8 @@ def slow_hosts(fleet: Fleet, run: Run) -> dict[str, list[str]]:
 def fast_path_lines(output: str) -> list[str]:
     """Each play's line about the fast path (the yaml callback folds it: unfolded)."""
     return [re.sub(r"\s+", " ", m) for m in re.findall(
-        r"^TASK \[Say which hosts the fast path ends \(\w+\)\] \*+\n.*?\n\s+msg: '(.*?)'\n(?=\n|\S)",
+        r"^TASK \[Say which hosts the fast path ends \(\w+\)\] \*+\n.*?\n\s+msg: '(.*?)'"
+        r"\n(?=\n|\S)",
         output, re.M | re.S)]
 
 
@@ -297,7 +298,9 @@ def _exec(host: str, script: str) -> str:
 LOCAL_REPO = r"""
 P=mariadb-backup; R=/var/local/sf-drift-repo; D=$R/build
 rm -rf $R; mkdir -p $D/DEBIAN
-dpkg-query -W -f='Package: ${Package}\nVersion: ${Version}\nArchitecture: ${Architecture}\nMaintainer: ${Maintainer}\nDepends: ${Depends}\nDescription: ${binary:Summary}\n' $P > $D/DEBIAN/control
+F='Package: ${Package}\nVersion: ${Version}\nArchitecture: ${Architecture}\n'
+F="$F"'Maintainer: ${Maintainer}\nDepends: ${Depends}\nDescription: ${binary:Summary}\n'
+dpkg-query -W -f="$F" $P > $D/DEBIAN/control
 dpkg -L $P | while read -r f; do if [ ! -d "$f" ]; then echo "${f#/}"; fi; done > $R/files
 tar -C / -cf - -T $R/files | tar -C $D -xf -
 dpkg-deb -b $D $R/$P.deb >/dev/null
@@ -310,7 +313,8 @@ dpkg -r $P >/dev/null
 """
 RESTORE_SOURCES = r"""
 rm -f /etc/apt/sources.list.d/sf-drift.list
-if [ -f /etc/apt/sf-drift-saved/sources.list ]; then mv /etc/apt/sf-drift-saved/sources.list /etc/apt/; fi
+S=/etc/apt/sf-drift-saved/sources.list
+if [ -f $S ]; then mv $S /etc/apt/; fi
 rm -rf /var/local/sf-drift-repo /etc/apt/sf-drift-saved
 """
 
