@@ -297,7 +297,7 @@ def _exec(host: str, script: str) -> str:
 # source the container's apt then has (put back after the test).
 LOCAL_REPO = r"""
 P=mariadb-backup; R=/var/local/sf-drift-repo; D=$R/build
-rm -rf $R; mkdir -p $D/DEBIAN
+rm -rf $R; mkdir -p $D/DEBIAN; chmod -R g-s $R; chmod 0755 $D/DEBIAN
 F='Package: ${Package}\nVersion: ${Version}\nArchitecture: ${Architecture}\n'
 F="$F"'Maintainer: ${Maintainer}\nDepends: ${Depends}\nDescription: ${binary:Summary}\n'
 dpkg-query -W -f="$F" $P > $D/DEBIAN/control
