@@ -84,9 +84,21 @@ bench: deps
 
 -include mk/*.mk
 
+# `make test` runs the tiers in two lanes side by side (scripts/test-lanes.sh): the e2e
+# tier, the longest, alone in lane b; every other tier, one after another, in lane a.
+# Most of either lane's time is spent waiting on servers and containers, so the two
+# share the machine's cores (TEST_LANES=1: every tier one after another, as before).
+TEST_LANES ?= 2
+TEST_LANE_B ?= e2e
+TEST_LANE_A = $(filter-out $(TEST_LANE_B),$(TEST_TIERS))
+
 test: deps
+ifeq ($(TEST_LANES),1)
 	@set -e; for t in $(TEST_TIERS); do echo "=== tier: $$t"; s=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$t; echo "=== tier $$t passed in $$(( $$(date +%s) - s ))s"; done
+else
+	@scripts/test-lanes.sh "$(TEST_LANE_A)" "$(TEST_LANE_B)"
+endif
 	@echo "=== all tiers passed: $(TEST_TIERS)"
 
 clean:
