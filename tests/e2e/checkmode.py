@@ -12,7 +12,7 @@ and the documented words in its output), and that it changed nothing:
   same bytes (a lock a check took and let go leaves nothing behind either);
 - every MySQL server's ``@@gtid_binlog_pos`` and ``@@read_only`` (a server down before
   is down after);
-- the project's containers and the inventory's files (fleet-add.yml writes both);
+- the fleet's containers (its label) and the inventory's files (fleet-add.yml writes both);
 - every object in the S3 store backup.yml and restore.yml are pointed at.
 
 The fleet must be quiet while this runs (no writer): a write moves gtid_binlog_pos. The
@@ -33,7 +33,7 @@ import pymysql
 from shardfleet.mapstore import ZooKeeperMapStore
 from tests.integration.s3_fixtures import KEYS, S3
 
-from .conftest import E2E_TLS, SHARDS, Fleet
+from .conftest import E2E_ID, E2E_TLS, SHARDS, Fleet
 
 # the bucket backup.yml and restore.yml are checked against (empty: --check of backup.yml
 # lists what its prune would delete, and must write nothing there)
@@ -148,9 +148,10 @@ def _server(address: str, password: str) -> tuple[str, int] | str:
 
 
 def _containers() -> set[str]:
-    """Every container: its name, id and state (running, exited, ...)."""
-    out = subprocess.run(["podman", "ps", "--all", "--format", "json"], text=True,
-                         capture_output=True, check=True).stdout
+    """Every container of this fleet (its label: other tiers' containers come and go beside
+    it, make test's lanes running side by side): its name, id and state."""
+    out = subprocess.run(["podman", "ps", "--all", "--filter", f"label=shardfleet.fleet={E2E_ID}",
+                          "--format", "json"], text=True, capture_output=True, check=True).stdout
     return {f"{c['Names'][0]} {c['Id'][:12]} {c['State']}" for c in json.loads(out or "[]")}
 
 
