@@ -84,11 +84,11 @@ bench: deps
 
 -include mk/*.mk
 
-# `make test` runs the tiers in two lanes side by side (scripts/test-lanes.sh): the e2e
-# tier, the longest, alone in lane b; every other tier, one after another, in lane a.
-# Most of either lane's time is spent waiting on servers and containers, so the two
-# share the machine's cores (TEST_LANES=1: every tier one after another, as before).
-TEST_LANES ?= 2
+# `make test` runs the tiers one after another. TEST_LANES=2 runs them in two lanes side
+# by side (scripts/test-lanes.sh): the e2e tier, the longest, alone in lane b; every other
+# tier in lane a. Not yet the default: one full run so (two CPU hogs beside it) found a
+# test that saw the other lane's containers (fixed), and no clean run has proven it since.
+TEST_LANES ?= 1
 TEST_LANE_B ?= e2e
 TEST_LANE_A = $(filter-out $(TEST_LANE_B),$(TEST_TIERS))
 
