@@ -33,6 +33,7 @@ from ansible import context
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
+from ansible_collections.shardfleet.fleet.plugins.module_utils.observe import inputs_reason
 
 DOCUMENTATION = ""  # the module's (plugins/modules/converged.py)
 
@@ -127,9 +128,10 @@ def secret_key() -> bytes:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return path.read_bytes()
+    key = secrets.token_bytes(32)
     with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
-    return path.read_bytes()
+        f.write(key)
+    return key
 
 
 def keyed(variables: dict, key: bytes) -> dict:
@@ -245,14 +247,11 @@ class ActionModule(ActionBase):
         that no longer holds is to be removed."""
         name = str(args.get("name"))
         play = observed.get(name)
-        if not boolean(args.get("enabled", True), strict=False):
-            reason, drift = ("disabled (shardfleet_converged_fast_path=false, or the play "
-                         "allows none yet)"), []
-        elif not isinstance(play, dict):
-            reason, drift = "no stamp", []
-        elif play.get("digest") != args["digest"]:
-            reason, drift = "inputs changed", []
-        else:
+        reason = inputs_reason(boolean(args.get("enabled", True), strict=False),
+                               play.get("digest") if isinstance(play, dict) else None,
+                               args["digest"])
+        drift: list = []
+        if not reason:
             reason, drift = str(play.get("reason") or ""), list(play.get("drift") or [])
         if reason and isinstance(play, dict):
             # a run that stops half-way leaves no stamp behind (check mode: the module

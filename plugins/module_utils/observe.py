@@ -267,6 +267,21 @@ def observe(spec):
     return out
 
 
+DISABLED = "disabled (shardfleet_converged_fast_path=false, or the play allows none yet)"
+
+
+def inputs_reason(enabled, recorded_digest, digest):
+    """The first reasons a stamp does not hold, before its observed state is looked at:
+    the fast path off, no stamp (``recorded_digest`` None), other inputs. Empty: none."""
+    if not enabled:
+        return DISABLED
+    if recorded_digest is None:
+        return "no stamp"
+    if recorded_digest != digest:
+        return "inputs changed"
+    return ""
+
+
 def differences(recorded, now):
     """The parts whose value differs between the stamp's ``recorded`` and ``now``, or that
     cannot be read now (sorted)."""

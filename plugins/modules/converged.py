@@ -188,7 +188,11 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shardfleet.fleet.plugins.module_utils.observe import differences, observe
+from ansible_collections.shardfleet.fleet.plugins.module_utils.observe import (
+    differences,
+    inputs_reason,
+    observe,
+)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
@@ -231,13 +235,12 @@ def verdict(stamp, address, max_age, now):
     return "", []
 
 
-def mismatch(stamp, digest, address, max_age, now):
+def mismatch(enabled, stamp, digest, address, max_age, now):
     """Why ``stamp`` does not show a host converged with ``digest`` (empty: it does), and
     the parts of the observed state that differ."""
-    if stamp is None:
-        return "no stamp", []
-    if stamp.get("digest") != digest:
-        return "inputs changed", []
+    reason = inputs_reason(enabled, None if stamp is None else stamp.get("digest"), digest)
+    if reason:
+        return reason, []
     return verdict(stamp, address, max_age, now)
 
 
@@ -317,12 +320,8 @@ def main():
             result["written"] = True
         module.exit_json(**result)
 
-    if not p["enabled"]:
-        reason, drift = ("disabled (shardfleet_converged_fast_path=false, or the play "
-                         "allows none yet)"), []
-    else:
-        reason, drift = mismatch(read_stamp(stamp_path), p["digest"], host_address(),
-                                 p["max_age"], time.time())
+    reason, drift = mismatch(p["enabled"], read_stamp(stamp_path), p["digest"],
+                             host_address(), p["max_age"], time.time())
     result.update(converged=not reason, reason=reason, drift=drift)
     if reason and os.path.lexists(stamp_path) and not module.check_mode:
         os.unlink(stamp_path)  # a run that stops half-way leaves no stamp behind
