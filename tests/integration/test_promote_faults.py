@@ -54,6 +54,25 @@ def count_marked(server: MariaDBServer, marker: str, db: str = "db00001") -> int
                           (f"%{marker}%",))[0][0])
 
 
+def semisync_acked(master: MariaDBServer) -> int:
+    """Transactions the master committed with its standby's semi-sync acknowledgement."""
+    with contextlib.closing(master.connect()) as conn:
+        return int(replication.semisync_state(conn)["master_yes_tx"])
+
+
+def wait_semisync_on(master: MariaDBServer, timeout: float = 60.0) -> None:
+    """Until the master's semi-sync is on with a replica connected to acknowledge."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = dict(master.sql("SHOW GLOBAL STATUS WHERE Variable_name IN "
+                               "('Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients')"))
+        if rows.get("Rpl_semi_sync_master_status") == "ON" \
+                and int(rows.get("Rpl_semi_sync_master_clients") or 0) >= 1:
+            return
+        assert time.monotonic() < deadline, f"{master.address}: semi-sync is not on: {rows}"
+        time.sleep(0.1)
+
+
 def both_ways(a: MariaDBServer, b: MariaDBServer) -> None:
     """Both nodes replicate from each other: threads running, a write on each side arrives."""
     for s in (a, b):
@@ -109,7 +128,9 @@ def test_planned_interrupted_by_master_death_continues_as_emergency(pair, zk_sto
             # more (semi-sync acknowledged: it is in the standby's relay log) write
             seen["fenced"] = True
             standby.sql("STOP SLAVE SQL_THREAD")
+            before = semisync_acked(master)
             master.sql("INSERT INTO db00001.pins (body) VALUES (%s)", (f'{{"m": "{mark}"}}',))
+            seen["acked"] = semisync_acked(master) - before
         return real_ro(conn, on)
 
     def wait_for_gtid(conn: Any, position: str, timeout: float) -> None:
@@ -118,6 +139,10 @@ def test_planned_interrupted_by_master_death_continues_as_emergency(pair, zk_sto
             master.kill()  # the master dies while the promotion waits for the standby
         real_wait(conn, position, timeout)
 
+    # the write must be acknowledged by semi-sync (in the standby's relay log when the
+    # master dies), not by its 1 s timeout's fallback: a pair that has just started (this
+    # is the module's first test) may not have its standby's ack channel up yet
+    wait_semisync_on(master)
     monkeypatch.setattr(replication, "set_read_only", set_read_only)
     monkeypatch.setattr(replication, "wait_for_gtid", wait_for_gtid)
     try:
@@ -126,7 +151,8 @@ def test_planned_interrupted_by_master_death_continues_as_emergency(pair, zk_sto
                             opts=opts(drain_timeout=2))
     finally:
         monkeypatch.undo()
-    assert seen == {"fenced": True, "killed": True}
+    assert seen == {"fenced": True, "acked": 1, "killed": True}, \
+        f"{seen}: the marked write was not acknowledged by semi-sync (acked: 0)"
     msg = str(failed.value)
     assert "frozen" in msg.lower() and "mode=emergency" in msg and master.address in msg, msg
     m = zk_store.read().map
