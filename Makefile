@@ -84,20 +84,24 @@ bench: deps
 
 -include mk/*.mk
 
-# `make test` runs the tiers one after another. TEST_LANES=2 runs them in two lanes side
-# by side (scripts/test-lanes.sh): the e2e tier, the longest, alone in lane b; every other
-# tier in lane a. Not yet the default: one full run so (two CPU hogs beside it) found a
-# test that saw the other lane's containers (fixed), and no clean run has proven it since.
-TEST_LANES ?= 1
-TEST_LANE_B ?= e2e
-TEST_LANE_A = $(filter-out $(TEST_LANE_B),$(TEST_TIERS))
+# `make test` runs the tiers in lanes side by side (scripts/test-lanes.sh): a lane is a
+# word of TEST_LANES, its tiers separated by commas and run one after another. The e2e
+# tier, the longest, has a lane of its own; the host-process tiers share one, the other
+# container tiers another. Much of every tier is waiting (servers starting, sessions
+# expiring, apt, systemd), and beside other work (two CPU hogs) a lane's share of the
+# cores grows with the lanes. TEST_LANES=1 runs every tier one after another.
+comma := ,
+lanes = $(foreach l,$(2),"$(addprefix $(1),$(subst $(comma), ,$(l)))")
+TEST_LANES ?= lint,unit,integration,faults e2e aws-test,molecule
 
 test: deps
 ifeq ($(TEST_LANES),1)
 	@set -e; for t in $(TEST_TIERS); do echo "=== tier: $$t"; s=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$t; echo "=== tier $$t passed in $$(( $$(date +%s) - s ))s"; done
 else
-	@scripts/test-lanes.sh "$(TEST_LANE_A)" "$(TEST_LANE_B)"
+	@test "$(sort $(TEST_TIERS))" = "$(sort $(subst $(comma), ,$(TEST_LANES)))" || \
+	  { echo "TEST_LANES ($(TEST_LANES)) must name every tier of TEST_TIERS ($(TEST_TIERS))"; exit 2; }
+	@scripts/test-lanes.sh $(call lanes,,$(TEST_LANES))
 endif
 	@echo "=== all tiers passed: $(TEST_TIERS)"
 

@@ -8,5 +8,8 @@ TEST_TIERS += aws-test
 aws-test-moto: venv
 	$(PYTEST) -q -m integration tests/aws
 
+# Two workers, one file each (--dist loadfile): the provisioning chain against one moto
+# (test_provision.py, 4 min) and site.yml on the containers (test_site_e2e.py, 4 min) are
+# independent, each with its own moto_server.
 aws-test: deps
-	$(PYTEST) -q -m "integration or e2e" tests/aws
+	$(PYTEST) -q -m "integration or e2e" tests/aws $(XDIST) $(if $(XDIST),--dist loadfile)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# make test's tiers in two lanes side by side (Makefile: TEST_LANE_A, TEST_LANE_B). Each
-# lane runs its tiers one after another and stops at its first failure; every line it
-# prints is prefixed with its lane ([a] or [b]). The exit status is non-zero when either
-# lane failed, and the last lines say which tiers passed, failed or did not run.
-#   scripts/test-lanes.sh "lint unit integration" "e2e"
+# Make targets in lanes side by side (the Makefile's `make test` and `make molecule`). Each
+# argument is one lane: its targets, run one after another, stopping at the lane's first
+# failure. Every line a lane prints is prefixed with its letter ([a], [b], ...). The exit
+# status is non-zero when any lane failed; the last lines name each lane's result.
+#   scripts/test-lanes.sh "lint unit integration" "e2e" "aws-test molecule"
 set -uo pipefail
 
 lane() {
@@ -19,12 +19,22 @@ lane() {
   done
 }
 
+letters=(a b c d e f g h)
+[ "$#" -ge 1 ] && [ "$#" -le "${#letters[@]}" ] || { echo "usage: $0 LANE..." >&2; exit 2; }
 start=$(date +%s)
-( lane "$1" 2>&1 | sed -u 's/^/[a] /'; exit "${PIPESTATUS[0]}" ) &
-a=$!
-( lane "$2" 2>&1 | sed -u 's/^/[b] /'; exit "${PIPESTATUS[0]}" ) &
-b=$!
-wait "$a"; ra=$?
-wait "$b"; rb=$?
-echo "=== lanes done in $(( $(date +%s) - start ))s: a ($1) rc=$ra, b ($2) rc=$rb"
-[ "$ra" -eq 0 ] && [ "$rb" -eq 0 ]
+pids=()
+for i in $(seq 0 $(( $# - 1 ))); do
+  targets=${*:$(( i + 1 )):1}
+  ( lane "$targets" 2>&1 | sed -u "s/^/[${letters[$i]}] /"; exit "${PIPESTATUS[0]}" ) &
+  pids+=("$!")
+done
+rc=0
+summary=()
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"; r=$?
+  [ "$r" -eq 0 ] || rc=1
+  summary+=("${letters[$i]} (${*:$(( i + 1 )):1}) rc=$r")
+done
+printf -v joined '%s; ' "${summary[@]}"
+echo "=== lanes done in $(( $(date +%s) - start ))s: ${joined%; }"
+exit "$rc"

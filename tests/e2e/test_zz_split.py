@@ -1,6 +1,7 @@
-"""split.yml and open-range.yml on the e2e fleet (the name sorts after the site and
-promotion tests: it changes the map; only test_zzz_promote_faults comes after it). Six
-more containers get the mysql role: pair003, pair004 and pair005.
+"""split.yml and open-range.yml on the e2e fleet: `make e2e` runs it first on a fleet of
+its own (e2e-ops), beside the site and promotion tests' fleet; with every test on one
+fleet (E2E_OPS_TESTS=) it sorts after the promotion tests and before their fault
+schedules. Six more containers get the mysql role: pair003, pair004 and pair005.
 
 1. Refusals through split.yml change nothing: a range pair001 does not own, a target
    pair that is not empty. Then a split of pair002's top 8 shards onto pair005 is held

@@ -1,13 +1,9 @@
-"""Named fault schedules of the promotion on the container fleet. The name sorts last,
-after test_zz_split, so that the split test starts from the state it always did (it
-measures write stalls on pair001's master, which the first test here restarts, and splits
-pair002, which the second promotes). The state these start from is
-test_zz_promote's, as test_zz_split leaves it: pair001's map master (of its lower half, the
-upper half moved to pair003) is the node the emergency promoted (writable); the killed old
-master was started again, read-only, and the map marks it ``rebuild`` (rebuilt by the
-last test here); pair002 is whole (its two nodes healthy,
-replicating both ways; its upper half moved to pair004). Each test leaves one writable
-node per pair.
+"""Named fault schedules of the promotion on the container fleet, after test_zz_promote
+(the name sorts after it; `make e2e` runs the split tests on a fleet of their own, so
+these start from test_zz_promote's state). pair001's map master is the node the
+emergency promoted (writable); the killed old master was started again, read-only, and
+the map marks it ``rebuild`` (rebuilt by the last test here); pair002 is whole (its two
+nodes healthy, replicating both ways). Each test leaves one writable node per pair.
 
 1. The new master restarted after the emergency, the old master back (the fault
    campaign's restart_new, seeds 3003 and 3009): under a writer on pair001 the new

@@ -1,5 +1,5 @@
-"""Backups and a point-in-time restore on the container fleet (runs last: the name sorts
-after the promotion, split and fault tests, whose end state it backs up).
+"""Backups and a point-in-time restore on the container fleet (the name sorts after the
+split tests, whose end state it backs up, on the fleet `make e2e` gives them).
 
 S3 is moto's server, on this machine, listening on the e2e fleet network's gateway
 address only (the containers reach it there; the data goes node to S3 and back, never
