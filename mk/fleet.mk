@@ -61,7 +61,7 @@ molecule-%: deps image
 E2E_OPS_TESTS ?= tests/e2e/test_zz_split.py tests/e2e/test_zzzz_backup.py \
   tests/e2e/test_zzzzz_split_physical.py
 e2e: deps image
-	@$(if $(E2E_OPS_TESTS),scripts/test-lanes.sh e2e-site e2e-ops,$(MAKE) --no-print-directory e2e-site)
+	@scripts/test-lanes.sh e2e-site $(if $(E2E_OPS_TESTS),e2e-ops)
 
 e2e-site: deps image
 	$(PYTEST) -q -m e2e tests/e2e $(addprefix --ignore=,$(E2E_OPS_TESTS))

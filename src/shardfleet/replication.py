@@ -109,6 +109,7 @@ def semisync_state(conn: Any) -> dict[str, Any]:
         "replica_status": s.get("rpl_semi_sync_slave_status", ""),
         "master_no_tx": int(s.get("rpl_semi_sync_master_no_tx", "0") or 0),
         "master_yes_tx": int(s.get("rpl_semi_sync_master_yes_tx", "0") or 0),
+        "master_clients": int(s.get("rpl_semi_sync_master_clients", "0") or 0),
     }
 
 
